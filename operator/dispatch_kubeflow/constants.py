@@ -71,6 +71,15 @@ PUBLISH_VOLUME: Final = "dispatch-publish"
 PUBLISH_INIT_CONTAINER_DEFAULT: Final = "dispatch-publish"
 PUBLISH_MAX_BYTES: Final = 4096
 
+# Settings defaults that other code names too.
+GPU_RESOURCE_DEFAULT: Final = "nvidia.com/gpu"
+ADMISSION_LEASE_NAMESPACE_DEFAULT: Final = "dispatch-system"
+ADMISSION_LEASE_NAME_DEFAULT: Final = "dispatch-admission"
+
+# The KubeflowAdapter resource.
+KUBEFLOW_ADAPTER_KIND: Final = "KubeflowAdapter"
+KUBEFLOW_ADAPTERS: Final = "kubeflowadapters"
+
 
 class State(StrEnum):
     PENDING = "Pending"
