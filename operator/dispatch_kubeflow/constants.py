@@ -138,3 +138,20 @@ class JobCondition(StrEnum):
 
 
 REASON_INVALID_SETTINGS: Final = "InvalidSettings"
+
+
+# Kueue Workload conditions and admission checks, as the admission controller reads and writes them.
+WORKLOAD_QUOTA_RESERVED: Final = "QuotaReserved"
+WORKLOAD_EVICTED: Final = "Evicted"
+WORKLOAD_FINISHED: Final = "Finished"
+ADMISSION_CHECK_ACTIVE: Final = "Active"
+ADMISSION_FIELD_MANAGER: Final = ADMISSION_CONTROLLER_NAME
+
+
+class CheckState(StrEnum):
+    """The state of one entry of a Workload's ``status.admissionChecks``."""
+
+    PENDING = "Pending"
+    READY = "Ready"
+    RETRY = "Retry"
+    REJECTED = "Rejected"
