@@ -1,0 +1,242 @@
+"""The DispatchJob CustomResourceDefinition, rendered from code.
+
+The committed ``crds/dispatchjobs.dispatch.phpboyscout.uk.yaml`` (and the chart's copy) are
+generated from ``dispatchjob_crd()``; a unit test fails when they are stale. Regenerate with
+``python -m dispatch_kubeflow.handlers.crds crds/``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from dispatch_kubeflow.constants import GROUP, VERSION
+
+KIND: Final = "DispatchJob"
+PLURAL: Final = "dispatchjobs"
+SINGULAR: Final = "dispatchjob"
+SHORT_NAME: Final = "dj"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+FILE_NAME: Final = f"{CRD_NAME}.yaml"
+
+# Spec fields that never change after creation; only `attempt` may (and only upwards).
+IMMUTABLE_FIELDS: Final = (
+    "adapter",
+    "runtime",
+    "image",
+    "command",
+    "args",
+    "env",
+    "numNodes",
+    "gpusPerNode",
+    "activeDeadlineSeconds",
+)
+
+
+def _string(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+def _strings(description: str) -> dict[str, Any]:
+    return {"type": "array", "description": description, "items": {"type": "string"}}
+
+
+def _unchanged(field: str) -> dict[str, str]:
+    return {
+        "rule": (
+            f"has(self.{field}) == has(oldSelf.{field}) && "
+            f"(!has(self.{field}) || self.{field} == oldSelf.{field})"
+        ),
+        "message": f"spec.{field} is immutable; only spec.attempt may change",
+    }
+
+
+def _spec_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "The job to run. Immutable but for `attempt`.",
+        "required": ["adapter", "image"],
+        "properties": {
+            "adapter": _string(
+                "Name of the KubeflowAdapter that serves this namespace.", minLength=1
+            ),
+            "attempt": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+                "description": (
+                    "Attempt number. Raising it on a finished job starts that attempt; "
+                    "it never goes down."
+                ),
+            },
+            "runtime": {
+                "type": "object",
+                "description": "Runtime reference; absent = the first of the adapter's runtimes.",
+                "required": ["kind", "name"],
+                "properties": {
+                    "kind": _string(
+                        "ClusterTrainingRuntime or TrainingRuntime.",
+                        enum=["ClusterTrainingRuntime", "TrainingRuntime"],
+                    ),
+                    "name": _string("Name of the runtime.", minLength=1),
+                },
+            },
+            "image": _string("Container image of the trainer.", minLength=1),
+            "command": _strings("Entrypoint of the trainer container."),
+            "args": _strings("Arguments of the trainer container."),
+            "env": {
+                "type": "array",
+                "description": "Plain environment variables of the trainer (no secret values).",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": _string("Variable name.", minLength=1),
+                        "value": _string("Variable value."),
+                    },
+                },
+            },
+            "numNodes": {
+                "type": "integer",
+                "minimum": 1,
+                "default": 1,
+                "description": "Number of training nodes (ranks).",
+            },
+            "gpusPerNode": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": "GPUs per node, as limits of the adapter's gpuResource.",
+            },
+            "activeDeadlineSeconds": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Deadline of the TrainJob; past it the job fails with Timeout.",
+            },
+        },
+        "x-kubernetes-validations": [
+            *(_unchanged(field) for field in IMMUTABLE_FIELDS),
+            {
+                "rule": "!has(oldSelf.attempt) || self.attempt >= oldSelf.attempt",
+                "message": "spec.attempt may only be raised",
+            },
+        ],
+    }
+
+
+def _condition_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["type", "status", "reason", "lastTransitionTime"],
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer", "minimum": 0},
+        },
+    }
+
+
+def _status_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "What the adapter reported of the job's current attempt.",
+        "properties": {
+            "attempt": {"type": "integer", "description": "The attempt the status describes."},
+            "state": _string(
+                "Coarse state.",
+                enum=["Pending", "Running", "Succeeded", "Failed", "Stopped", "Unknown"],
+            ),
+            "cause": _string("Typed cause of a failure or disruption.", nullable=True),
+            "reason": _string("The upstream condition's reason, verbatim.", nullable=True),
+            "message": _string("The upstream condition's message, verbatim.", nullable=True),
+            "trainJob": _string("Name of the TrainJob of the current attempt.", nullable=True),
+            "observedGeneration": {"type": "integer"},
+            "conditions": {
+                "type": "array",
+                "description": "Admitted, Running, Finished (metav1.Condition).",
+                "items": _condition_schema(),
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "events": {
+                "type": "array",
+                "description": "The last 50 dispatch events of the job, oldest first.",
+                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+    }
+
+
+def _printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "State", "type": "string", "jsonPath": ".status.state"},
+        {"name": "Cause", "type": "string", "jsonPath": ".status.cause"},
+        {"name": "Attempt", "type": "integer", "jsonPath": ".spec.attempt"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def dispatchjob_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": [SHORT_NAME],
+                "categories": ["dispatch"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": _printer_columns(),
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": (
+                                "A dispatch job, run as Kubeflow Trainer TrainJobs. "
+                                "Its name is the dispatch job id."
+                            ),
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": _spec_schema(),
+                                "status": _status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    return yaml.safe_dump(dispatchjob_crd(), sort_keys=False, width=100)
+
+
+def write(directory: Path) -> Path:
+    target = directory / FILE_NAME
+    target.write_text(render())
+    return target
+
+
+if __name__ == "__main__":
+    print(write(Path(sys.argv[1] if len(sys.argv) > 1 else "crds")))

@@ -1,0 +1,88 @@
+"""The DispatchJob CRD and the chart's copies of generated files are never stale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from dispatch_kubeflow.handlers import crds
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "dispatch-kubeflow"
+
+
+def test_committed_dispatchjob_crd_matches_the_generator() -> None:
+    committed = (ROOT / "crds" / crds.FILE_NAME).read_text()
+    assert committed == crds.render(), (
+        "crds/ is stale: run python -m dispatch_kubeflow.handlers.crds crds/"
+    )
+
+
+def test_chart_crds_are_identical_copies_of_the_project_crds() -> None:
+    project = {path.name: path.read_bytes() for path in (ROOT / "crds").glob("*.yaml")}
+    chart = {path.name: path.read_bytes() for path in (CHART / "crds").glob("*.yaml")}
+    assert crds.FILE_NAME in project
+    assert chart == project, "copy crds/*.yaml into charts/dispatch-kubeflow/crds/"
+
+
+def test_chart_example_runtime_is_the_examples_runtime() -> None:
+    source = ROOT / "examples" / "runtime.yaml"
+    if not source.exists():
+        pytest.skip("examples/runtime.yaml is not in the tree")
+    assert (CHART / "files" / "example-runtime.yaml").read_bytes() == source.read_bytes()
+
+
+def test_printer_columns_and_status_subresource() -> None:
+    (version,) = crds.dispatchjob_crd()["spec"]["versions"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "State",
+        "Cause",
+        "Attempt",
+        "Age",
+    ]
+    assert version["subresources"] == {"status": {}}
+
+
+def test_every_spec_field_but_attempt_is_immutable() -> None:
+    (version,) = crds.dispatchjob_crd()["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["properties"]) - {"attempt"} == set(crds.IMMUTABLE_FIELDS)
+    rules = " ".join(rule["rule"] for rule in spec["x-kubernetes-validations"])
+    for field in crds.IMMUTABLE_FIELDS:
+        assert f"self.{field} == oldSelf.{field}" in rules
+    assert "self.attempt >= oldSelf.attempt" in rules
+
+
+def test_chart_values_satisfy_the_values_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.validate(values, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**values, "replicaCount": 2}, schema)
+
+
+def test_every_values_key_is_documented_in_the_chart_readme() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+
+    def keys(tree: dict[str, object], prefix: str = "") -> list[str]:
+        found: list[str] = []
+        for key, value in tree.items():
+            path = f"{prefix}{key}"
+            if (
+                isinstance(value, dict)
+                and value
+                and path not in {"resources"}
+                and not any(path.endswith(s) for s in ("SecurityContext", "securityContext"))
+            ):
+                found += keys(value, f"{path}.")
+            else:
+                found.append(path)
+        return found
+
+    missing = [key for key in keys(values) if f"`{key}`" not in readme]
+    assert not missing, f"undocumented values: {missing}"

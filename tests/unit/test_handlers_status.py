@@ -1,0 +1,121 @@
+"""Folding dispatch events into a DispatchJob's status."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dispatch_kubeflow.handlers.conditions import find_condition
+from dispatch_kubeflow.handlers.status import (
+    HISTORY_LIMIT,
+    JobStatus,
+    begin_attempt,
+    fold_event,
+    refuse_attempt,
+)
+
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def event(
+    kind: str,
+    state: str,
+    *,
+    attempt: int = 1,
+    cause: str | None = None,
+    reason: str = "",
+    minute: int = 0,
+) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "job": "j1",
+        "attempt": attempt,
+        "trainJob": f"j1-{attempt}",
+        "time": (T0 + timedelta(minutes=minute)).isoformat(),
+        "state": state,
+        "cause": cause,
+        "reason": reason,
+        "message": f"{kind} message",
+        "evidence": [],
+    }
+
+
+def fold(status: JobStatus, *events: dict[str, Any], attempt: int = 1) -> JobStatus:
+    for one in events:
+        status = fold_event(status, one, attempt=attempt, generation=1, now=T0)
+    return status
+
+
+def condition_status(status: JobStatus, kind: str) -> str | None:
+    found = find_condition(status.conditions, kind)
+    return None if found is None else found.status
+
+
+def test_begin_attempt_is_pending_with_unknown_admission() -> None:
+    status = begin_attempt(JobStatus(), attempt=1, train_job="j1-1", generation=1, now=T0)
+    assert (status.state, status.train_job, status.attempt) == ("Pending", "j1-1", 1)
+    assert condition_status(status, "Admitted") == "Unknown"
+    assert condition_status(status, "Finished") == "False"
+
+
+def test_running_then_failed_with_cause_sets_state_cause_and_conditions() -> None:
+    status = fold(
+        JobStatus(),
+        event("Submitted", "Pending"),
+        event("Admitted", "Pending", minute=1),
+        event("Running", "Running", minute=2),
+    )
+    assert status.state == "Running"
+    assert condition_status(status, "Admitted") == "True"
+    assert condition_status(status, "Running") == "True"
+    status = fold(status, event("Finished", "Failed", cause="NodeLost", reason="Evicted", minute=3))
+    assert (status.state, status.cause, status.reason) == ("Failed", "NodeLost", "Evicted")
+    assert condition_status(status, "Running") == "False"
+    assert condition_status(status, "Finished") == "True"
+    assert status.finished
+    assert [e["type"] for e in status.events] == ["Submitted", "Admitted", "Running", "Finished"]
+
+
+def test_the_same_event_twice_is_recorded_once() -> None:
+    once = fold(JobStatus(), event("Running", "Running"))
+    twice = fold(once, event("Running", "Running"))
+    assert twice == once
+    assert len(twice.events) == 1
+
+
+def test_an_older_attempts_event_is_history_only() -> None:
+    status = fold(JobStatus(), event("Running", "Running", attempt=2), attempt=2)
+    status = fold(status, event("Finished", "Failed", attempt=1, cause="ProgramError"), attempt=2)
+    assert (status.state, status.cause, status.attempt) == ("Running", None, 2)
+    assert len(status.events) == 2
+
+
+def test_history_keeps_the_last_fifty() -> None:
+    events = [event("Restarted", "Running", minute=i) for i in range(HISTORY_LIMIT + 7)]
+    status = fold(JobStatus(), *events)
+    assert len(status.events) == HISTORY_LIMIT
+    assert status.events[0]["time"] == events[7]["time"]
+
+
+def test_a_reason_that_is_not_camel_case_falls_back_to_the_event_type_in_conditions() -> None:
+    status = fold(JobStatus(), event("Finished", "Failed", reason="exit code 1"))
+    assert status.reason == "exit code 1"
+    finished = find_condition(status.conditions, "Finished")
+    assert finished is not None
+    assert finished.reason == "Finished"
+
+
+def test_refused_attempt_is_finished_and_failed_with_the_reason() -> None:
+    status = refuse_attempt(
+        JobStatus(), attempt=1, reason="Unsupported", message="runtime x", generation=1, now=T0
+    )
+    assert (status.state, status.reason, status.message) == ("Failed", "Unsupported", "runtime x")
+    assert condition_status(status, "Finished") == "True"
+
+
+def test_wire_round_trip_keeps_everything() -> None:
+    status = fold(JobStatus(), event("Running", "Running"))
+    wire = status.to_wire()
+    assert wire["trainJob"] == "j1-1"
+    assert wire["conditions"][0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
+    assert JobStatus.from_wire({**wire, "unknownKey": 1}) == status
