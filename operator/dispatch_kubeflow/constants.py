@@ -155,3 +155,10 @@ class CheckState(StrEnum):
     READY = "Ready"
     RETRY = "Retry"
     REJECTED = "Rejected"
+
+
+# The preflight probe's TrainJob carries this label, so watches can tell it from a dispatch job.
+LABEL_PROBE: Final = f"{PREFIX}probe"
+PROBE_JOB_PREFIX: Final = "dispatch-probe-"
+LOCAL_QUEUES: Final = "localqueues"
+KIND_TRAINJOB: Final = "TrainJob"
