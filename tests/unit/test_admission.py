@@ -1,0 +1,403 @@
+"""The admission controller's decisions, as pure functions of a Workload and its TrainJob."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dispatch_kubeflow import admission
+from dispatch_kubeflow.admission import (
+    AdmissionConfig,
+    Decision,
+    active_apply_body,
+    decide,
+    eviction_count,
+    owner_trainjob,
+    workload_apply_body,
+)
+from dispatch_kubeflow.constants import (
+    ADMISSION_CONTROLLER_NAME,
+    ANNOTATION_READMIT,
+    ANNOTATION_REJECT,
+    LABEL_JOB,
+    CheckState,
+)
+from dispatch_kubeflow.errors import ErrInvalid
+from dispatch_kubeflow.settings import parse_settings_object
+
+CHECK = "dispatch-admission"
+NOW = datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC)
+
+
+def workload(
+    *,
+    state: str = "Pending",
+    message: str = "",
+    quota: bool = True,
+    evictions: int = 0,
+    evicted_condition: bool = False,
+    others: tuple[dict[str, Any], ...] = (),
+    active: bool = True,
+    finished: bool = False,
+) -> dict[str, Any]:
+    conditions: list[dict[str, Any]] = [
+        {"type": "QuotaReserved", "status": "True" if quota else "False", "reason": "x"}
+    ]
+    if evicted_condition:
+        conditions.append({"type": "Evicted", "status": "False", "reason": "QuotaReserved"})
+    if finished:
+        conditions.append({"type": "Finished", "status": "True", "reason": "Succeeded"})
+    status: dict[str, Any] = {
+        "conditions": conditions,
+        "admissionChecks": [
+            *others,
+            {
+                "name": CHECK,
+                "state": state,
+                "message": message,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            },
+        ],
+    }
+    if evictions:
+        status["schedulingStats"] = {
+            "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": evictions}]
+        }
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": "trainjob-job-1-abcde",
+            "namespace": "team-a",
+            "resourceVersion": "42",
+            "uid": "wl-uid",
+            "ownerReferences": [
+                {
+                    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                    "kind": "TrainJob",
+                    "name": "job-1",
+                    "uid": "tj-uid",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"active": active},
+        "status": status,
+    }
+
+
+def trainjob(annotations: dict[str, str] | None = None, dispatch: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "job-1",
+            "uid": "tj-uid",
+            "labels": {LABEL_JOB: "job"} if dispatch else {},
+            "annotations": annotations or {},
+        }
+    }
+
+
+# Which admission this is.
+
+
+def test_a_workload_never_evicted_has_eviction_count_zero() -> None:
+    assert eviction_count(workload()) == 0
+
+
+def test_eviction_count_sums_kueues_scheduling_stats() -> None:
+    wl = workload()
+    wl["status"]["schedulingStats"] = {
+        "evictions": [
+            {"reason": "Preempted", "underlyingCause": "", "count": 2},
+            {"reason": "PodsReadyTimeout", "underlyingCause": "", "count": 1},
+        ]
+    }
+    assert eviction_count(wl) == 3
+
+
+def test_an_evicted_condition_alone_counts_as_one_eviction() -> None:
+    assert eviction_count(workload(evicted_condition=True)) == 1
+
+
+def test_requeue_state_count_is_a_lower_bound() -> None:
+    wl = workload(evictions=1)
+    wl["status"]["requeueState"] = {"count": 4}
+    assert eviction_count(wl) == 4
+
+
+def test_owner_trainjob_finds_the_trainer_owner_only() -> None:
+    wl = workload()
+    assert owner_trainjob(wl) == wl["metadata"]["ownerReferences"][0]
+    wl["metadata"]["ownerReferences"][0]["apiVersion"] = "example.com/v1"
+    assert owner_trainjob(wl) is None
+
+
+# Decisions.
+
+
+def test_first_admission_is_ready() -> None:
+    assert decide(workload(), trainjob(), CHECK) == Decision(CheckState.READY, "first admission")
+
+
+def test_evicted_job_is_held_pending_without_a_readmit() -> None:
+    decision = decide(workload(evictions=1), trainjob(), CHECK)
+    assert decision is not None
+    assert decision.state == CheckState.PENDING
+    assert "held after eviction 1" in decision.message
+    assert "job-1" in decision.message
+
+
+def test_the_held_message_is_written_once() -> None:
+    first = decide(workload(evictions=1), trainjob(), CHECK)
+    assert first is not None
+    assert decide(workload(evictions=1, message=first.message), trainjob(), CHECK) is None
+
+
+def test_readmit_for_the_current_eviction_opens_the_gate() -> None:
+    decision = decide(workload(evictions=2), trainjob({ANNOTATION_READMIT: "2"}), CHECK)
+    assert decision is not None
+    assert decision.state == CheckState.READY
+
+
+def test_readmit_for_an_earlier_eviction_does_not_open_the_gate() -> None:
+    decision = decide(workload(evictions=2), trainjob({ANNOTATION_READMIT: "1"}), CHECK)
+    assert decision is not None
+    assert decision.state == CheckState.PENDING
+
+
+def test_a_malformed_readmit_keeps_the_gate_closed_and_says_why() -> None:
+    decision = decide(workload(evictions=1), trainjob({ANNOTATION_READMIT: "yes"}), CHECK)
+    assert decision is not None
+    assert decision.state == CheckState.PENDING
+    assert "not a decimal eviction count" in decision.message
+
+
+def test_reject_makes_the_check_rejected_with_the_reason() -> None:
+    decision = decide(
+        workload(evictions=1),
+        trainjob({ANNOTATION_REJECT: "budget exhausted", ANNOTATION_READMIT: "1"}),
+        CHECK,
+    )
+    assert decision == Decision(CheckState.REJECTED, "budget exhausted")
+
+
+def test_reject_applies_to_a_first_admission_too() -> None:
+    decision = decide(workload(), trainjob({ANNOTATION_REJECT: "no"}), CHECK)
+    assert decision is not None
+    assert decision.state == CheckState.REJECTED
+
+
+def test_an_empty_reject_is_no_reject() -> None:
+    decision = decide(workload(), trainjob({ANNOTATION_REJECT: "  "}), CHECK)
+    assert decision is not None
+    assert decision.state == CheckState.READY
+
+
+def test_a_workload_without_a_dispatch_trainjob_is_not_held() -> None:
+    for owner in (None, trainjob(dispatch=False)):
+        decision = decide(workload(evictions=3), owner, CHECK)
+        assert decision is not None
+        assert decision.state == CheckState.READY
+
+
+@pytest.mark.parametrize("state", ["Ready", "Rejected", "Retry"])
+def test_a_decided_check_is_never_decided_again(state: str) -> None:
+    assert decide(workload(state=state), trainjob({ANNOTATION_REJECT: "x"}), CHECK) is None
+
+
+@pytest.mark.parametrize(
+    "wl",
+    [
+        workload(quota=False),
+        workload(active=False),
+        workload(finished=True),
+    ],
+    ids=["no-quota", "deactivated", "finished"],
+)
+def test_nothing_is_decided_without_quota_or_on_an_inactive_or_finished_workload(
+    wl: dict[str, Any],
+) -> None:
+    assert decide(wl, trainjob(), CHECK) is None
+
+
+def test_a_workload_without_our_check_is_left_alone() -> None:
+    wl = workload()
+    wl["status"]["admissionChecks"][0]["name"] = "someone-else"
+    assert decide(wl, trainjob(), CHECK) is None
+
+
+@given(
+    evictions=st.integers(min_value=0, max_value=1000),
+    readmit=st.one_of(st.none(), st.integers(min_value=0, max_value=1000)),
+)
+def test_the_gate_is_open_exactly_when_readmit_covers_the_evictions(
+    evictions: int, readmit: int | None
+) -> None:
+    annotations = {} if readmit is None else {ANNOTATION_READMIT: str(readmit)}
+    decision = decide(workload(evictions=evictions), trainjob(annotations), CHECK)
+    assert decision is not None
+    opened = evictions == 0 or (readmit is not None and readmit >= evictions)
+    assert (decision.state == CheckState.READY) == opened
+
+
+# Apply bodies.
+
+
+def test_the_apply_body_holds_only_our_entry_and_the_version_decided_from() -> None:
+    other = {"name": "provisioning", "state": "Pending", "message": "", "lastTransitionTime": "x"}
+    wl = workload(others=(other,))
+    body = workload_apply_body(wl, CHECK, Decision(CheckState.READY, "first admission"), NOW)
+    assert body == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": "trainjob-job-1-abcde",
+            "namespace": "team-a",
+            "resourceVersion": "42",
+        },
+        "status": {
+            "admissionChecks": [
+                {
+                    "name": CHECK,
+                    "state": "Ready",
+                    "message": "first admission",
+                    "lastTransitionTime": "2026-05-06T07:08:09Z",
+                }
+            ]
+        },
+    }
+
+
+def test_a_message_change_alone_keeps_the_transition_time() -> None:
+    body = workload_apply_body(
+        workload(evictions=1), CHECK, Decision(CheckState.PENDING, "held"), NOW
+    )
+    entry = body["status"]["admissionChecks"][0]
+    assert entry["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+
+
+def admission_check(conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": CHECK, "generation": 3},
+        "spec": {"controllerName": ADMISSION_CONTROLLER_NAME},
+        "status": {"conditions": conditions or []},
+    }
+
+
+def test_active_is_set_with_the_observed_generation() -> None:
+    body = active_apply_body(admission_check(), NOW)
+    assert body is not None
+    assert body["metadata"] == {"name": CHECK}
+    (active,) = body["status"]["conditions"]
+    assert active["type"] == "Active"
+    assert active["status"] == "True"
+    assert active["reason"] == "Active"
+    assert active["observedGeneration"] == 3
+    assert active["lastTransitionTime"] == "2026-05-06T07:08:09Z"
+
+
+def test_active_is_not_rewritten_when_already_true_for_this_generation() -> None:
+    current = {
+        "type": "Active",
+        "status": "True",
+        "observedGeneration": 3,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    assert active_apply_body(admission_check([current]), NOW) is None
+
+
+def test_a_new_generation_refreshes_active_without_moving_its_transition_time() -> None:
+    current = {
+        "type": "Active",
+        "status": "True",
+        "observedGeneration": 2,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    body = active_apply_body(admission_check([current]), NOW)
+    assert body is not None
+    assert body["status"]["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert body["status"]["conditions"][0]["observedGeneration"] == 3
+
+
+# Configuration and entry point.
+
+SETTINGS = {
+    "namespace": "team-a",
+    "probeRuntime": {"kind": "ClusterTrainingRuntime", "name": "torch"},
+    "kueue": {
+        "localQueue": "lq",
+        "admissionCheck": CHECK,
+        "admissionLease": {"namespace": "dispatch-system", "name": "gate"},
+    },
+}
+
+
+def test_config_comes_from_the_settings() -> None:
+    cfg = AdmissionConfig.from_settings(parse_settings_object(SETTINGS), identity="me")
+    assert (cfg.namespace, cfg.check, cfg.lease_namespace, cfg.lease_name, cfg.identity) == (
+        "team-a",
+        CHECK,
+        "dispatch-system",
+        "gate",
+        "me",
+    )
+    assert cfg.request_timeout == 30.0
+
+
+def test_settings_without_an_admission_check_are_refused() -> None:
+    plain = {k: v for k, v in SETTINGS.items() if k != "kueue"}
+    with pytest.raises(ErrInvalid, match=r"kueue\.admissionCheck"):
+        AdmissionConfig.from_settings(parse_settings_object(plain))
+
+
+def test_settings_load_from_json_or_a_kubeflow_adapter_manifest(tmp_path: Path) -> None:
+    as_json = tmp_path / "settings.json"
+    as_json.write_text(json.dumps(SETTINGS))
+    manifest = tmp_path / "adapter.yaml"
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "dispatch.phpboyscout.uk/v1alpha1",
+                "kind": "KubeflowAdapter",
+                "metadata": {"name": "a"},
+                "spec": SETTINGS,
+            }
+        )
+    )
+    assert admission.load_settings(as_json) == admission.load_settings(manifest)
+
+
+def test_main_refuses_bad_settings_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "settings.json"
+    bad.write_text(json_dump({**SETTINGS, "namespace": "Not A Label"}))
+    assert admission.main(["--settings", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "/namespace" in err
+
+
+def test_main_refuses_disordered_election_timing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "settings.json"
+    good.write_text(json_dump(SETTINGS))
+    assert admission.main(["--settings", str(good), "--lease-duration", "5"]) == 2
+    assert "lease duration" in capsys.readouterr().err
+
+
+def json_dump(value: Any) -> str:
+    return json.dumps(value)
+
+
+def test_timing_flags_are_seconds() -> None:
+    args = admission.build_parser().parse_args(["--settings", "x", "--retry-period", "0.2"])
+    assert args.retry_period == timedelta(seconds=0.2)
