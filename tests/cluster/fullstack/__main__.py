@@ -10,35 +10,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from tests.cluster import binaries
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fullstack import build
-from tests.cluster.fullstack.stack import FullStack, StackError
+from tests.cluster.fullstack.stack import FullStack, StackError, down_full, up_full
 
 DEFAULT_RUN_DIR = binaries.CACHE_ROOT / "run"
-
-
-def up_full(plane: ControlPlane) -> FullStack:
-    """Build (or reuse) the full-stack binaries and start the stack beside a running `plane`."""
-    build.build()
-    started = time.monotonic()
-    stack = FullStack(plane)
-    stack.start()
-    print(
-        f"full stack up in {time.monotonic() - started:.1f} s: "
-        f"{', '.join(f'{name} {version}' for name, version in build.versions().items())}; "
-        f"nodes {', '.join(stack.nodes)}",
-        file=sys.stderr,
-    )
-    return stack
-
-
-def down_full(plane: ControlPlane) -> None:
-    """Stop the full stack recorded beside `plane` (a no-op when there is none)."""
-    FullStack.attach(plane).stop()
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -603,3 +604,23 @@ class FullStack:
         ]
         documents += [d for d in yaml.safe_load_all(EXAMPLE_RUNTIME.read_text()) if d]
         self._apply(documents, "shared")
+
+
+def up_full(plane: Plane) -> FullStack:
+    """Build (or reuse) the full-stack binaries and start the stack beside a running `plane`."""
+    build.build()
+    started = time.monotonic()
+    stack = FullStack(plane)
+    stack.start()
+    print(
+        f"full stack up in {time.monotonic() - started:.1f} s: "
+        f"{', '.join(f'{name} {version}' for name, version in build.versions().items())}; "
+        f"nodes {', '.join(stack.nodes)}",
+        file=sys.stderr,
+    )
+    return stack
+
+
+def down_full(plane: Plane) -> None:
+    """Stop the full stack recorded beside `plane` (a no-op when there is none)."""
+    FullStack.attach(plane).stop()

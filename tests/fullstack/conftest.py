@@ -1,0 +1,66 @@
+"""pytest fixtures for the full-stack scenarios.
+
+`fullstack` (session) starts kube-scheduler, KWOK with its simulated GPU nodes and the real
+Trainer, JobSet and Kueue controllers on top of the `cluster` control plane, once per session
+and only when a selected test asks for it. Tests that use it get the `fullstack` marker, so
+`-m "not fullstack"` runs the rest of the suite without building or starting any of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.controlplane import ControlPlane
+from tests.cluster.fullstack import build
+from tests.cluster.fullstack.stack import FullStack
+
+_build_error: build.BuildError | None = None
+
+
+def _uses_fullstack(item: pytest.Item) -> bool:
+    return "fullstack" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _uses_fullstack(item):
+            item.add_marker(pytest.mark.fullstack)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before the first test, outside every per-test timeout."""
+    global _build_error
+    if any(_uses_fullstack(item) for item in session.items) and not build.is_built():
+        try:
+            build.build()
+        except build.BuildError as error:
+            _build_error = error
+
+
+@pytest.fixture(scope="session")
+def fullstack(cluster: ControlPlane) -> Iterator[FullStack]:
+    """kube-scheduler, KWOK nodes and the Trainer, JobSet and Kueue controllers, running."""
+    if _build_error is not None:
+        pytest.fail(f"the full stack could not be built: {_build_error}")
+    stack = FullStack(cluster)
+    atexit.register(stack.stop)
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        atexit.unregister(stack.stop)
+
+
+@pytest.fixture
+def queues(fullstack: FullStack, namespace: str) -> Iterator[str]:
+    """A ClusterQueue with 8 GPUs of quota for this test's namespace and a LocalQueue `lq`."""
+    name = fullstack.create_queues(namespace, gpus=8)
+    try:
+        yield "lq"
+    finally:
+        fullstack.delete_queues(name)
