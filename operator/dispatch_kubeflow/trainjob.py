@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -192,14 +193,16 @@ def build_trainjob(
     adapter_name: str,
     *,
     suspend: bool = False,
+    extra_labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The TrainJob body for one attempt of ``job``, as SPEC §4 lays it out.
 
     ``suspend`` asks for a suspended TrainJob (the preflight probe). In Kueue mode ``suspend``
     is left out unless asked for, because Kueue's webhook suspends the TrainJob itself.
+    ``extra_labels`` go wherever the adapter's own labels go (the probe marks itself with them).
     """
     runtime = resolve_runtime(job, settings)
-    own_labels = adapter_labels(adapter_name, job.job_id, job.attempt)
+    own_labels = {**adapter_labels(adapter_name, job.job_id, job.attempt), **(extra_labels or {})}
     labels = {**settings.labels, **own_labels}
     if settings.kueue is not None:
         labels[LABEL_QUEUE_NAME] = settings.kueue.local_queue

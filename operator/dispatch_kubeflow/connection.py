@@ -1,0 +1,169 @@
+"""How the adapter reaches the apiserver, the way client-go would.
+
+``settings.cluster`` names a kubeconfig (and context), or the pod's service account, or nothing,
+in which case client-go's loading rules apply: ``KUBECONFIG`` (a colon-separated list, missing
+files skipped), then ``~/.kube/config``, then the service account when running in a pod. A
+bearer token given to the adapter replaces whatever credentials the kubeconfig carries (client
+certificates, basic auth, exec plugins are not used at all).
+
+The client counts its requests and bounds every non-streaming one by ``timeouts.request``;
+watches are bounded by their own ``timeoutSeconds`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import ConfigException
+from kubernetes_asyncio.config.incluster_config import (
+    SERVICE_HOST_ENV_NAME,
+    SERVICE_PORT_ENV_NAME,
+    SERVICE_TOKEN_FILENAME,
+    load_incluster_config,
+)
+from kubernetes_asyncio.config.kube_config import (
+    ENV_KUBECONFIG_PATH_SEPARATOR,
+    KubeConfigLoader,
+    KubeConfigMerger,
+)
+
+from dispatch_kubeflow.errors import ErrUnsupported
+from dispatch_kubeflow.settings import Cluster
+
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
+
+
+class ApiClientWithTimeouts(ApiClient):
+    """An ``ApiClient`` that bounds each non-streaming request and counts every request."""
+
+    def __init__(self, configuration: Any, request_timeout: timedelta) -> None:
+        super().__init__(configuration)
+        self.request_timeout = request_timeout.total_seconds()
+        self.requests = 0
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        query_params: Sequence[tuple[str, Any]] | None = None,
+        headers: Any = None,
+        post_params: Any = None,
+        body: Any = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
+        self.requests += 1
+        if _request_timeout is None and not _is_watch(query_params):
+            _request_timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+        return await super().request(
+            method,
+            url,
+            query_params=query_params,
+            headers=headers,
+            post_params=post_params,
+            body=body,
+            _preload_content=_preload_content,
+            _request_timeout=_request_timeout,
+        )
+
+
+def _is_watch(query_params: Sequence[tuple[str, Any]] | None) -> bool:
+    return any(key == "watch" and value for key, value in query_params or ())
+
+
+async def connect(
+    cluster: Cluster, *, token: str | None, request_timeout: timedelta
+) -> ApiClientWithTimeouts:
+    """An API client for ``cluster``, or ``ErrUnsupported`` saying why there can be none."""
+    configuration = Configuration()
+    if cluster.in_cluster:
+        _load_service_account(configuration)
+    else:
+        paths = _kubeconfig_paths(cluster.kubeconfig)
+        if paths:
+            await _load_kubeconfig(configuration, paths, cluster.context, token)
+        elif cluster.context is not None:
+            raise ErrUnsupported(
+                f"connect: cluster.context {cluster.context!r} is set, but no kubeconfig was "
+                "found (KUBECONFIG is unset or names no existing file, ~/.kube/config is missing)"
+            )
+        elif _in_a_pod():
+            _load_service_account(configuration)
+        else:
+            raise ErrUnsupported(
+                "connect: no kubeconfig found (KUBECONFIG is unset or names no existing file, "
+                "~/.kube/config is missing) and not running in a pod; set cluster.kubeconfig"
+            )
+    if token is not None:
+        _use_bearer_token(configuration, token)
+    return ApiClientWithTimeouts(configuration, request_timeout)
+
+
+def _kubeconfig_paths(explicit: str | None) -> str:
+    """The kubeconfig files to merge, ``ENV_KUBECONFIG_PATH_SEPARATOR``-joined; empty for none."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ErrUnsupported(f"connect: cluster.kubeconfig {explicit!r} does not exist")
+        return str(path)
+    listed = os.environ.get("KUBECONFIG", "")
+    if listed:
+        existing = [
+            str(Path(p).expanduser())
+            for p in listed.split(ENV_KUBECONFIG_PATH_SEPARATOR)
+            if p and Path(p).expanduser().is_file()
+        ]
+        return ENV_KUBECONFIG_PATH_SEPARATOR.join(existing)
+    default = DEFAULT_KUBECONFIG.expanduser()
+    return str(default) if default.is_file() else ""
+
+
+async def _load_kubeconfig(
+    configuration: Any, paths: str, context: str | None, token: str | None
+) -> None:
+    merged = KubeConfigMerger(paths)
+    try:
+        loader = KubeConfigLoader(
+            config_dict=merged.config, config_base_path=None, active_context=context
+        )
+        if token is None:
+            await loader.load_and_set(configuration)
+        else:
+            # Only the cluster half of the kubeconfig: its credentials (exec plugins included)
+            # are replaced by the token, so they are never evaluated.
+            loader._load_cluster_info()
+            loader._set_config(configuration)
+    except (ConfigException, KeyError, TypeError, ValueError) as error:
+        where = f"context {context!r} of " if context else ""
+        raise ErrUnsupported(f"connect: cannot use {where}kubeconfig {paths}: {error}") from None
+
+
+def _load_service_account(configuration: Any) -> None:
+    try:
+        load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except ConfigException as error:
+        raise ErrUnsupported(f"connect: cannot use the pod's service account: {error}") from None
+
+
+def _in_a_pod() -> bool:
+    return (
+        bool(os.environ.get(SERVICE_HOST_ENV_NAME))
+        and bool(os.environ.get(SERVICE_PORT_ENV_NAME))
+        and Path(SERVICE_TOKEN_FILENAME).is_file()
+    )
+
+
+def _use_bearer_token(configuration: Any, token: str) -> None:
+    configuration.api_key = {"BearerToken": f"Bearer {token}"}
+    configuration.api_key_prefix = {}
+    configuration.refresh_api_key_hook = None
+    configuration.cert_file = None
+    configuration.key_file = None
+    configuration.username = None
+    configuration.password = None
