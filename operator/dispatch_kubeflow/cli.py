@@ -187,12 +187,34 @@ def _yaml_value(loader: yaml.SafeLoader, node: yaml.Node, pointer: str) -> Any:
     return loader.construct_object(node, deep=True)
 
 
+# --- run ------------------------------------------------------------------------------------------
+
+
+def add_run_command(commands: SubParsers) -> None:
+    from dispatch_kubeflow.handlers.running import add_run_arguments
+
+    parser = commands.add_parser(
+        "run",
+        help="run the operator (kopf) against the current kubeconfig or in-cluster",
+        description="Run the KubeflowAdapter and DispatchJob operator on kopf.",
+    )
+    add_run_arguments(parser)
+    parser.set_defaults(handler=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    from dispatch_kubeflow.handlers.running import run
+
+    return run(args)
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 # Each adds one subcommand; its handler returns the exit status.
 COMMANDS: Final[tuple[Callable[[SubParsers], None], ...]] = (
     add_schema_command,
     add_validate_command,
+    add_run_command,
 )
 
 

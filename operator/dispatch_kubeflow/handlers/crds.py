@@ -11,9 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
-from dispatch_kubeflow.constants import GROUP, VERSION
+from dispatch_kubeflow.constants import GROUP, JobCondition
+from dispatch_kubeflow.schema import (
+    AGE_COLUMN,
+    condition_schema,
+    kopf_status_schema,
+    render_crd,
+    render_yaml,
+)
 
 KIND: Final = "DispatchJob"
 PLURAL: Final = "dispatchjobs"
@@ -58,7 +63,7 @@ def _spec_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "description": "The job to run. Immutable but for `attempt`.",
-        "required": ["adapter", "image"],
+        "required": ["adapter"],
         "properties": {
             "adapter": _string(
                 "Name of the KubeflowAdapter that serves this namespace.", minLength=1
@@ -84,7 +89,10 @@ def _spec_schema() -> dict[str, Any]:
                     "name": _string("Name of the runtime.", minLength=1),
                 },
             },
-            "image": _string("Container image of the trainer.", minLength=1),
+            "image": _string(
+                "Container image of the trainer; absent = the image the runtime names.",
+                minLength=1,
+            ),
             "command": _strings("Entrypoint of the trainer container."),
             "args": _strings("Arguments of the trainer container."),
             "env": {
@@ -127,21 +135,6 @@ def _spec_schema() -> dict[str, Any]:
     }
 
 
-def _condition_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["type", "status", "reason", "lastTransitionTime"],
-        "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": {"type": "integer", "minimum": 0},
-        },
-    }
-
-
 def _status_schema() -> dict[str, Any]:
     return {
         "type": "object",
@@ -157,84 +150,41 @@ def _status_schema() -> dict[str, Any]:
             "message": _string("The upstream condition's message, verbatim.", nullable=True),
             "trainJob": _string("Name of the TrainJob of the current attempt.", nullable=True),
             "observedGeneration": {"type": "integer"},
-            "conditions": {
-                "type": "array",
-                "description": "Admitted, Running, Finished (metav1.Condition).",
-                "items": _condition_schema(),
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-            },
+            "conditions": condition_schema([c.value for c in JobCondition]),
             "events": {
                 "type": "array",
                 "description": "The last 50 dispatch events of the job, oldest first.",
                 "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             },
+            "kopf": kopf_status_schema(),
         },
     }
-
-
-def _printer_columns() -> list[dict[str, Any]]:
-    return [
-        {"name": "State", "type": "string", "jsonPath": ".status.state"},
-        {"name": "Cause", "type": "string", "jsonPath": ".status.cause"},
-        {"name": "Attempt", "type": "integer", "jsonPath": ".spec.attempt"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
 
 
 def dispatchjob_crd() -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": [SHORT_NAME],
-                "categories": ["dispatch"],
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": _printer_columns(),
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": (
-                                "A dispatch job, run as Kubeflow Trainer TrainJobs. "
-                                "Its name is the dispatch job id."
-                            ),
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": _spec_schema(),
-                                "status": _status_schema(),
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return render_crd(
+        kind=KIND,
+        plural=PLURAL,
+        short_names=(SHORT_NAME,),
+        spec=_spec_schema(),
+        status=_status_schema(),
+        printer_columns=(
+            {"name": "State", "type": "string", "jsonPath": ".status.state"},
+            {"name": "Cause", "type": "string", "jsonPath": ".status.cause"},
+            {"name": "Attempt", "type": "integer", "jsonPath": ".spec.attempt"},
+            AGE_COLUMN,
+        ),
+        description="A dispatch job, run as Kubeflow Trainer TrainJobs. Its name is the job id.",
+    )
 
 
-def render() -> str:
-    return yaml.safe_dump(dispatchjob_crd(), sort_keys=False, width=100)
+def render() -> bytes:
+    return render_yaml(dispatchjob_crd())
 
 
 def write(directory: Path) -> Path:
     target = directory / FILE_NAME
-    target.write_text(render())
+    target.write_bytes(render())
     return target
 
 

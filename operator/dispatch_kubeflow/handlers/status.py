@@ -28,7 +28,6 @@ HISTORY_LIMIT = 50
 TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED})
 # Reasons the fold itself writes when an event carries none.
 REASON_SUBMITTED = "Submitted"
-REASON_NOT_STARTED = "NotStarted"
 REASON_START_FAILED = "StartFailed"
 
 # The keys that identify one event; two events equal on them are the same report.

@@ -1,0 +1,335 @@
+"""KubeflowAdapter: its spec parsed, its adapter opened and watched for as long as it exists.
+
+One kopf daemon per KubeflowAdapter runs *sessions*: a session parses the spec of one generation,
+opens the adapter (connect + preflight probe), publishes it for the DispatchJob handlers, and
+consumes its single ``watch()`` stream, routing each dispatch event to the DispatchJob it names.
+A spec change ends the session cleanly (the adapter is closed) and the next one starts from the new
+spec; deleting the resource stops the daemon. Every step is reflected in the status conditions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, cast
+
+import kopf
+from kubernetes_asyncio.client import ApiClient
+
+from dispatch_kubeflow.adapter import Adapter, AdapterConfig
+from dispatch_kubeflow.constants import (
+    GROUP,
+    REASON_INVALID_SETTINGS,
+    VERSION,
+    AdapterCondition,
+    EventType,
+)
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.events import DispatchEvent
+from dispatch_kubeflow.gotime import format_duration
+from dispatch_kubeflow.handlers.conditions import Condition, parse_conditions, set_conditions
+from dispatch_kubeflow.handlers.jobs import JobEventRouter
+from dispatch_kubeflow.handlers.kube import KUBEFLOW_ADAPTERS, update_status
+from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
+from dispatch_kubeflow.settings import Settings, parse_settings_object
+
+PREFLIGHT_PREFIX: Final = "preflight probe: "
+RETRY_FIRST: Final = 5.0
+RETRY_MAX: Final = 300.0
+CANCELLATION_TIMEOUT: Final = 30.0
+
+Clock = Callable[[], datetime]
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+Opener = Callable[[AdapterConfig], Awaitable[Adapter]]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _condition(
+    kind: str, status: str, reason: str, message: str, generation: int | None
+) -> Condition:
+    return Condition.model_validate(
+        {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": generation,
+        }
+    )
+
+
+@dataclass
+class AdapterStatus:
+    """The status of a KubeflowAdapter being built up by one session."""
+
+    generation: int | None
+    updates: list[Condition] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+    drop: set[str] = field(default_factory=set)
+
+    def condition(self, kind: str, status: str, reason: str, message: str = "") -> AdapterStatus:
+        self.updates.append(_condition(kind, status, reason, message, self.generation))
+        return self
+
+    def patch(self, current: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
+        existing = [
+            c
+            for c in parse_conditions((current or {}).get("conditions"))
+            if c.type not in self.drop
+        ]
+        conditions = set_conditions(existing, self.updates, now=now)
+        return {
+            **self.fields,
+            "observedGeneration": self.generation,
+            "conditions": [c.to_wire() for c in conditions],
+        }
+
+
+def parse_spec(spec: Mapping[str, Any]) -> Settings:
+    """The settings in a KubeflowAdapter's spec; ``ErrInvalid`` names the JSON pointer."""
+    return parse_settings_object(dict(spec), pointer="/spec")
+
+
+def invalid_status(error: ErrInvalid, generation: int | None) -> AdapterStatus:
+    status = AdapterStatus(generation)
+    status.condition(AdapterCondition.VALID, "False", REASON_INVALID_SETTINGS, str(error))
+    for kind in (AdapterCondition.CONNECTED, AdapterCondition.PROBED):
+        status.condition(kind, "Unknown", "InvalidSettings", "the spec is not valid")
+    status.condition(AdapterCondition.READY, "False", REASON_INVALID_SETTINGS, str(error))
+    status.drop.add(AdapterCondition.ADMISSION_HEALTHY)
+    return status
+
+
+def _declared(settings: Settings) -> dict[str, Any]:
+    declarations = settings.declarations()
+    return {
+        "mode": "kueue" if settings.kueue_mode else "plain",
+        "readmissionGate": settings.readmission_gate,
+        "declarations": {
+            "nodeLossWindow": format_duration(declarations.node_loss_window),
+            "callBound": format_duration(declarations.call_bound),
+            "polledLoss": list(declarations.polled_loss),
+        },
+    }
+
+
+def opening_status(settings: Settings, generation: int | None) -> AdapterStatus:
+    status = AdapterStatus(generation, fields=_declared(settings))
+    status.condition(
+        AdapterCondition.VALID, "True", "Parsed", "the spec is a valid settings object"
+    )
+    status.condition(AdapterCondition.CONNECTED, "Unknown", "Connecting", "opening the adapter")
+    status.condition(AdapterCondition.PROBED, "Unknown", "Probing", "preflight probe pending")
+    status.condition(AdapterCondition.READY, "False", "Opening", "opening the adapter")
+    if settings.kueue_mode:
+        status.condition(
+            AdapterCondition.ADMISSION_HEALTHY, "Unknown", "AwaitingHeartbeat", "no heartbeat yet"
+        )
+    else:
+        status.drop.add(AdapterCondition.ADMISSION_HEALTHY)
+    return status
+
+
+def open_failed_status(error: Exception, generation: int | None) -> AdapterStatus:
+    message = str(error) or type(error).__name__
+    status = AdapterStatus(generation)
+    if isinstance(error, ErrUnsupported) and message.startswith(PREFLIGHT_PREFIX):
+        status.condition(AdapterCondition.CONNECTED, "True", "Connected", "the apiserver answered")
+        status.condition(AdapterCondition.PROBED, "False", "ProbeFailed", message)
+        status.condition(AdapterCondition.READY, "False", "ProbeFailed", message)
+    else:
+        reason = "Unsupported" if isinstance(error, ErrUnsupported) else "ConnectionFailed"
+        status.condition(AdapterCondition.CONNECTED, "False", reason, message)
+        status.condition(AdapterCondition.PROBED, "Unknown", reason, "not probed")
+        status.condition(AdapterCondition.READY, "False", reason, message)
+    return status
+
+
+def ready_status(generation: int | None) -> AdapterStatus:
+    status = AdapterStatus(generation)
+    status.condition(AdapterCondition.CONNECTED, "True", "Connected", "the apiserver answered")
+    status.condition(AdapterCondition.PROBED, "True", "ProbePassed", "preflight probe passed")
+    status.condition(AdapterCondition.READY, "True", "Watching", "watching the served namespace")
+    return status
+
+
+def watch_failed_status(error: Exception, generation: int | None) -> AdapterStatus:
+    message = f"watch ended: {error or type(error).__name__}"
+    status = AdapterStatus(generation)
+    status.condition(AdapterCondition.READY, "False", "WatchFailed", message)
+    return status
+
+
+def heartbeat_status(event: DispatchEvent, generation: int | None) -> AdapterStatus:
+    healthy = event.gate == "open"
+    reason = event.reason if _is_reason(event.reason) else ("GateOpen" if healthy else "GateClosed")
+    message = event.message or f"admission gate {event.gate}"
+    status = AdapterStatus(generation)
+    status.condition(AdapterCondition.ADMISSION_HEALTHY, str(healthy), reason, message)
+    return status
+
+
+def _is_reason(reason: str) -> bool:
+    try:
+        _condition("X", "Unknown", reason, "", None)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class AdapterSession:
+    """One generation of one KubeflowAdapter: parse, open, watch, until told to stop."""
+
+    api: ApiClient
+    name: str
+    namespace: str
+    generation: int | None
+    spec: Mapping[str, Any]
+    registry: AdapterRegistry
+    event_lines: EventLines
+    post_event: Callable[[Mapping[str, Any], str, str, str], None]
+    logger: Logger
+    opener: Opener = Adapter.open
+    clock: Clock = utc_now
+
+    async def write(self, status: AdapterStatus) -> None:
+        async def change(current: dict[str, Any]) -> dict[str, Any]:
+            return status.patch(current.get("status"), self.clock())
+
+        await update_status(self.api, KUBEFLOW_ADAPTERS, self.namespace, self.name, change)
+
+    async def run(self, until: Sequence[asyncio.Event | kopf.DaemonStopped]) -> None:
+        """Run this generation until one of ``until`` is set."""
+        stop = asyncio.ensure_future(_first_of(until))
+        try:
+            work = asyncio.ensure_future(self._serve())
+            await asyncio.wait({stop, work}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        finally:
+            stop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stop
+
+    async def _serve(self) -> None:
+        try:
+            settings = parse_spec(self.spec)
+        except ErrInvalid as error:
+            self.logger.warning("invalid settings: %s", error)
+            await self.write(invalid_status(error, self.generation))
+            await asyncio.Event().wait()  # nothing to do until the spec changes
+            return
+        await self.write(opening_status(settings, self.generation))
+        delay = RETRY_FIRST
+        while True:
+            try:
+                adapter = await self.opener(
+                    AdapterConfig(settings=settings, token=None, adapter_name=self.name)
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # every failure is shown, then retried
+                self.logger.warning("opening the adapter failed: %s", error)
+                await self.write(open_failed_status(error, self.generation))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            delay = RETRY_FIRST
+            await self._watch(adapter, settings)
+            await asyncio.sleep(delay)
+
+    async def _watch(self, adapter: Adapter, settings: Settings) -> None:
+        router = JobEventRouter(
+            api=self.api,
+            namespace=settings.namespace,
+            adapter_name=self.name,
+            post_event=self.post_event,
+            clock=self.clock,
+        )
+        await self.registry.publish(settings.namespace, self.name, adapter)
+        try:
+            await self.write(ready_status(self.generation))
+            async for event in adapter.watch():
+                await self._route(event, router)
+            raise RuntimeError("the watch stream ended")
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self.logger.warning("the adapter's watch failed: %s", error)
+            await self.write(watch_failed_status(error, self.generation))
+        finally:
+            await self.registry.withdraw(settings.namespace, self.name, adapter)
+            with contextlib.suppress(Exception):
+                await adapter.close()
+
+    async def _route(self, event: DispatchEvent, router: JobEventRouter) -> None:
+        wire = event.model_dump(mode="json", by_alias=True)
+        self.event_lines.write({"adapter": self.name, "namespace": self.namespace, **wire})
+        if event.type is EventType.ADMISSION_HEARTBEAT:
+            await self.write(heartbeat_status(event, self.generation))
+            return
+        await router.deliver(wire)
+
+
+async def _first_of(flags: Sequence[asyncio.Event | kopf.DaemonStopped]) -> None:
+    waiters = [asyncio.ensure_future(flag.wait()) for flag in flags]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def post_kubernetes_event(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    kopf.event(cast(kopf.Body, dict(body)), type=kind, reason=reason, message=message)
+
+
+@kopf.daemon(GROUP, VERSION, KUBEFLOW_ADAPTERS, cancellation_timeout=CANCELLATION_TIMEOUT)
+async def serve_adapter(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    name: str,
+    namespace: str | None,
+    memo: Any,
+    stopped: kopf.DaemonStopped,
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """Serve one KubeflowAdapter: a session per spec generation until the resource goes."""
+    while not stopped:
+        changed = asyncio.Event()
+        memo.spec_changed = changed
+        memo.serving_generation = meta.get("generation")
+        session = AdapterSession(
+            api=memo.api,
+            name=name,
+            namespace=str(namespace),
+            generation=meta.get("generation"),
+            spec=dict(body.get("spec") or {}),
+            registry=memo.registry,
+            event_lines=memo.event_lines,
+            post_event=post_kubernetes_event,
+            logger=logger,
+        )
+        logger.info("serving generation %s", session.generation)
+        await session.run(until=(changed, stopped))
+
+
+@kopf.on.event(GROUP, VERSION, KUBEFLOW_ADAPTERS)
+def notice_spec_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """End the running session when the spec's generation moves on."""
+    serving = memo.get("serving_generation")
+    changed = memo.get("spec_changed")
+    generation = body.get("metadata", {}).get("generation")
+    if changed is not None and serving is not None and generation != serving:
+        changed.set()

@@ -1,0 +1,271 @@
+"""DispatchJob: create starts the attempt, delete stops the job, events fold into the status.
+
+The handlers are thin: they find the open adapter serving the DispatchJob's namespace, call the
+library (``start``, ``stop_job``) and record the outcome in the status. The adapter's dispatch
+events reach DispatchJobs through ``JobEventRouter``, driven by the KubeflowAdapter's single
+watch, never by a watch per job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import kopf
+from kubernetes_asyncio.client import ApiClient
+
+from dispatch_kubeflow.constants import GROUP, VERSION, EventType, State
+from dispatch_kubeflow.errors import ErrInvalid, ErrOutcomeUnknown, ErrUnsupported
+from dispatch_kubeflow.handlers.kube import DISPATCH_JOBS, update_status
+from dispatch_kubeflow.handlers.registry import AdapterRegistry
+from dispatch_kubeflow.handlers.status import (
+    JobStatus,
+    begin_attempt,
+    fold_event,
+    is_recorded,
+    refuse_attempt,
+)
+from dispatch_kubeflow.settings import RuntimeRef
+from dispatch_kubeflow.trainjob import EnvVar, JobSpec, trainjob_name
+
+ADAPTER_WAIT: Final = 10.0
+UNFINISHED_WAIT: Final = 30.0
+RETRY_UNKNOWN: Final = 10.0
+REASON_INVALID_JOB: Final = "InvalidJob"
+REASON_UNSUPPORTED: Final = "Unsupported"
+WARNING_TYPES: Final = frozenset(
+    {EventType.EVICTED, EventType.NODE_LOST, EventType.VANISHED, EventType.RESTARTED}
+)
+
+Clock = Callable[[], datetime]
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def job_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
+    """The library's JobSpec for a DispatchJob; ``ErrInvalid`` names the refused field."""
+    runtime = spec.get("runtime")
+    return JobSpec(
+        job_id=name,
+        attempt=int(spec.get("attempt", 1)),
+        runtime=RuntimeRef.model_validate(runtime) if runtime is not None else None,
+        image=spec.get("image"),
+        command=tuple(spec.get("command") or ()),
+        args=tuple(spec.get("args") or ()),
+        env=tuple(EnvVar.model_validate(item) for item in spec.get("env") or ()),
+        num_nodes=int(spec.get("numNodes", 1)),
+        gpus_per_node=int(spec.get("gpusPerNode", 0)),
+        active_deadline_seconds=spec.get("activeDeadlineSeconds"),
+    )
+
+
+def event_kind(event: Mapping[str, Any]) -> str:
+    """Normal or Warning, for the Kubernetes Event mirroring a dispatch event."""
+    if event.get("type") in WARNING_TYPES:
+        return "Warning"
+    if event.get("state") in (State.FAILED, State.UNKNOWN):
+        return "Warning"
+    return "Normal"
+
+
+def event_message(event: Mapping[str, Any]) -> str:
+    head = f"attempt {event.get('attempt')}: {event.get('state')}"
+    if event.get("cause"):
+        head += f" ({event['cause']})"
+    detail = event.get("message") or event.get("reason") or ""
+    return f"{head}: {detail}" if detail else head
+
+
+@dataclass
+class JobEventRouter:
+    """Folds one adapter's dispatch events into the DispatchJobs of its served namespace."""
+
+    api: ApiClient
+    namespace: str
+    adapter_name: str
+    post_event: PostEvent
+    clock: Clock = utc_now
+
+    async def deliver(self, event: Mapping[str, Any]) -> bool:
+        """Fold ``event`` into its DispatchJob; True when it was new there.
+
+        Jobs with no DispatchJob (started through the library) or served by another adapter
+        are left alone.
+        """
+        job = event.get("job")
+        if not job:
+            return False
+        folded: dict[str, Any] = {}
+
+        async def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            if current.get("spec", {}).get("adapter") != self.adapter_name:
+                return None
+            status = JobStatus.from_wire(current.get("status"))
+            if is_recorded(status, event):
+                return None
+            after = fold_event(
+                status,
+                event,
+                attempt=int(current["spec"].get("attempt", 1)),
+                generation=current["metadata"].get("generation"),
+                now=self.clock(),
+            )
+            folded["body"] = current
+            return after.to_wire()
+
+        await update_status(self.api, DISPATCH_JOBS, self.namespace, str(job), change)
+        if "body" not in folded:
+            return False
+        reason = str(event.get("type"))
+        self.post_event(folded["body"], event_kind(event), reason, event_message(event))
+        return True
+
+
+async def record_start(
+    api: ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    attempt: int,
+    train_job: str | None,
+    refused: tuple[str, str] | None = None,
+    clock: Clock = utc_now,
+) -> None:
+    async def change(current: dict[str, Any]) -> dict[str, Any]:
+        status = JobStatus.from_wire(current.get("status"))
+        generation = current["metadata"].get("generation")
+        if refused is not None:
+            reason, message = refused
+            after = refuse_attempt(
+                status,
+                attempt=attempt,
+                reason=reason,
+                message=message,
+                generation=generation,
+                now=clock(),
+            )
+        else:
+            after = begin_attempt(
+                status, attempt=attempt, train_job=train_job, generation=generation, now=clock()
+            )
+        return after.to_wire()
+
+    await update_status(api, DISPATCH_JOBS, namespace, name, change)
+
+
+def serving_adapter(registry: AdapterRegistry, namespace: str, adapter: str) -> Any:
+    found = registry.get(namespace, adapter)
+    if found is None:
+        raise kopf.TemporaryError(
+            f"KubeflowAdapter {adapter!r} serving namespace {namespace!r} is not ready",
+            delay=ADAPTER_WAIT,
+        )
+    return found
+
+
+async def start_attempt(
+    *,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    spec: Mapping[str, Any],
+    logger: Logger,
+) -> None:
+    attempt = int(spec.get("attempt", 1))
+    try:
+        job = job_spec(name, spec)
+    except ErrInvalid as error:
+        await _refuse(memo, body, name, namespace, attempt, REASON_INVALID_JOB, str(error))
+        return
+    adapter = serving_adapter(memo.registry, namespace, str(spec.get("adapter")))
+    try:
+        await adapter.start(job)
+    except ErrOutcomeUnknown as error:
+        raise kopf.TemporaryError(str(error), delay=RETRY_UNKNOWN) from error
+    except (ErrInvalid, ErrUnsupported) as error:
+        reason = REASON_INVALID_JOB if isinstance(error, ErrInvalid) else REASON_UNSUPPORTED
+        await _refuse(memo, body, name, namespace, attempt, reason, str(error))
+        return
+    train_job = trainjob_name(name, attempt)
+    logger.info("attempt %s started as TrainJob %s", attempt, train_job)
+    await record_start(memo.api, namespace, name, attempt=attempt, train_job=train_job)
+
+
+async def _refuse(
+    memo: kopf.Memo,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    attempt: int,
+    reason: str,
+    message: str,
+) -> None:
+    await record_start(
+        memo.api, namespace, name, attempt=attempt, train_job=None, refused=(reason, message)
+    )
+    kopf.warn(body, reason=reason, message=message)
+
+
+@kopf.on.create(GROUP, VERSION, DISPATCH_JOBS)
+async def start_job(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    name: str,
+    namespace: str | None,
+    memo: Any,
+    logger: Logger,
+    **_: Any,
+) -> None:
+    await start_attempt(
+        memo=memo, body=body, name=name, namespace=str(namespace), spec=spec, logger=logger
+    )
+
+
+@kopf.on.update(GROUP, VERSION, DISPATCH_JOBS, field="spec.attempt")
+async def raise_attempt(
+    old: Any,
+    new: Any,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    memo: Any,
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """A raised attempt starts once the current attempt has finished."""
+    if old is not None and new is not None and int(new) <= int(old):
+        return
+    current = JobStatus.from_wire(status)
+    if current.attempt is not None and current.attempt < int(new) and not current.finished:
+        raise kopf.TemporaryError(
+            f"attempt {current.attempt} has not finished; attempt {new} waits for it",
+            delay=UNFINISHED_WAIT,
+        )
+    await start_attempt(
+        memo=memo, body=body, name=name, namespace=str(namespace), spec=spec, logger=logger
+    )
+
+
+@kopf.on.delete(GROUP, VERSION, DISPATCH_JOBS)
+async def stop_job(
+    spec: kopf.Spec,
+    name: str,
+    namespace: str | None,
+    memo: Any,
+    logger: Logger,
+    **_: Any,
+) -> None:
+    """Stop every attempt of the job; the finalizer holds the DispatchJob until it is done."""
+    adapter = serving_adapter(memo.registry, str(namespace), str(spec.get("adapter")))
+    await adapter.stop_job(name)
+    logger.info("job %s stopped: nothing of it is left", name)

@@ -1,0 +1,106 @@
+"""The operator's own API calls: status writes and reads of our two resources.
+
+The adapter library talks to the cluster its settings name; the operator's handlers talk to the
+cluster the operator runs against (in-cluster service account, else the kubeconfig loading rules,
+as kopf itself logs in). Status is written as a JSON merge patch carrying the resourceVersion it
+was computed from, so two writers never silently overwrite each other: a conflict re-reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dispatch_kubeflow.constants import GROUP, VERSION
+
+KUBEFLOW_ADAPTERS: Final = "kubeflowadapters"
+DISPATCH_JOBS: Final = "dispatchjobs"
+MERGE_PATCH: Final = "application/merge-patch+json"
+CONFLICT_RETRIES: Final = 10
+HTTP_NOT_FOUND: Final = 404
+HTTP_CONFLICT: Final = 409
+
+
+async def open_api_client() -> client.ApiClient:
+    """An ApiClient for the operator's identity: in-cluster first, then the kubeconfig."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+async def read_object(
+    api: client.ApiClient, plural: str, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """The object, or None when it does not exist."""
+    try:
+        found: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, name
+        )
+    except ApiException as error:
+        if error.status == HTTP_NOT_FOUND:
+            return None
+        raise
+    return found
+
+
+async def patch_status(
+    api: client.ApiClient,
+    plural: str,
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+    *,
+    resource_version: str | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": dict(status)}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
+    # The generated stubs do not declare the client's request options.
+    options: dict[str, Any] = {"_content_type": MERGE_PATCH}
+    patched: dict[str, Any] = await client.CustomObjectsApi(
+        api
+    ).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, plural, name, body, **options
+    )
+    return patched
+
+
+StatusChange = Callable[[dict[str, Any]], Awaitable[Mapping[str, Any] | None]]
+
+
+async def update_status(
+    api: client.ApiClient, plural: str, namespace: str, name: str, change: StatusChange
+) -> dict[str, Any] | None:
+    """Read the object, compute its new status with ``change``, write it; retry on conflicts.
+
+    ``change`` returns the status patch, or None to write nothing. Returns the object as written
+    (or as read when nothing was written), or None when the object does not exist.
+    """
+    for _ in range(CONFLICT_RETRIES):
+        current = await read_object(api, plural, namespace, name)
+        if current is None:
+            return None
+        patch = await change(current)
+        if patch is None:
+            return current
+        try:
+            return await patch_status(
+                api,
+                plural,
+                namespace,
+                name,
+                patch,
+                resource_version=current["metadata"]["resourceVersion"],
+            )
+        except ApiException as error:
+            if error.status == HTTP_NOT_FOUND:
+                return None
+            if error.status != HTTP_CONFLICT:
+                raise
+    raise RuntimeError(f"{plural}/{name} in {namespace}: status kept changing under the writer")

@@ -1,0 +1,67 @@
+"""kopf's settings for this operator, applied at startup.
+
+kopf's bookkeeping (progress, the last handled spec, the finalizer) goes under the project's own
+prefix instead of kopf's default, so the objects carry one vendor's annotations. The operator runs
+standalone: one replica (the chart's Deployment is `Recreate`), no peering objects to grant.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+import kopf
+
+from dispatch_kubeflow.constants import FINALIZER, GROUP
+from dispatch_kubeflow.handlers.kube import open_api_client
+from dispatch_kubeflow.handlers.registry import EVENTS_TO_ENV, AdapterRegistry, EventLines
+
+DIFFBASE_KEY: Final = "last-handled-configuration"
+# A watch request ends server-side before the client gives up on it, so kopf re-watches cleanly.
+WATCH_SERVER_TIMEOUT: Final = 300
+WATCH_CLIENT_TIMEOUT: Final = 330
+CONNECT_TIMEOUT: Final = 30
+REQUEST_TIMEOUT: Final = 60
+
+
+def apply_settings(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key=DIFFBASE_KEY
+    )
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
+    settings.watching.connect_timeout = CONNECT_TIMEOUT
+    settings.networking.request_timeout = REQUEST_TIMEOUT
+    settings.peering.standalone = True
+    settings.posting.level = 20  # INFO and above become Kubernetes Events
+    settings.execution.max_workers = 4
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    apply_settings(settings)
+    if "registry" not in memo:
+        memo.registry = AdapterRegistry()
+    if "event_lines" not in memo:
+        memo.event_lines = EventLines(os.environ.get(EVENTS_TO_ENV))
+    if "api" not in memo:
+        memo.api = await open_api_client()
+
+
+@kopf.on.cleanup()
+async def release(memo: kopf.Memo, **_: Any) -> None:
+    api = memo.pop("api", None)
+    if api is not None:
+        await api.close()
+    lines = memo.get("event_lines")
+    if lines is not None:
+        lines.close()
+
+
+@kopf.on.probe(id="adapters")
+def served_adapters(memo: kopf.Memo, **_: Any) -> int:
+    """How many adapters are open and watching; shown on the liveness endpoint."""
+    registry = memo.get("registry")
+    return len(registry.adapters) if registry is not None else 0
