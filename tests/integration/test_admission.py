@@ -1,0 +1,612 @@
+"""The admission controller against the real kube-apiserver, with the test playing Kueue.
+
+Kueue's controllers do not run here. The tests write what Kueue would write on a Workload's
+status, through the status subresource with server-side apply under a Kueue field manager:
+``QuotaReserved``, the check's ``Pending`` entry, an eviction (``Evicted``, the check reset to
+``Pending``, ``schedulingStats.evictions``) and the requeue. Another admission check's entry is
+written the same way under a third field manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dispatch_kubeflow.admission import (
+    APPLY_PATCH,
+    AdmissionConfig,
+    AdmissionController,
+    check_entry,
+)
+from dispatch_kubeflow.constants import (
+    ADMISSION_CHECKS,
+    ADMISSION_CONTROLLER_NAME,
+    ADMISSION_FIELD_MANAGER,
+    ANNOTATION_READMIT,
+    ANNOTATION_REJECT,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    LABEL_JOB,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINJOBS,
+    WORKLOADS,
+    CheckState,
+)
+from dispatch_kubeflow.leader import (
+    LEASE_GROUP,
+    LEASE_VERSION,
+    LEASES,
+    ApiLeaseStore,
+    ElectionTiming,
+    LeaderElector,
+)
+
+FAST = ElectionTiming(
+    lease_duration=timedelta(seconds=2),
+    renew_deadline=timedelta(seconds=1),
+    retry_period=timedelta(seconds=0.2),
+)
+WAIT = 15.0
+KUEUE_MANAGER = "kueue-admission"
+OTHER_MANAGER = "example.com/provisioning"
+OTHER_CHECK = "provisioning"
+LEASE = "dispatch-admission"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Scene:
+    """One namespace, one AdmissionCheck of ours, and the Kueue side played by hand."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.objects = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.check = f"{namespace}-gate"
+
+    def config(self, identity: str) -> AdmissionConfig:
+        return AdmissionConfig(
+            namespace=self.namespace,
+            check=self.check,
+            lease_namespace=self.namespace,
+            lease_name=LEASE,
+            identity=identity,
+            timing=FAST,
+            request_timeout=5.0,
+            retry_backoff=0.2,
+        )
+
+    def controller(self, identity: str, *, release_on_cancel: bool = True) -> AdmissionController:
+        cfg = self.config(identity)
+        elector = LeaderElector(
+            ApiLeaseStore(self.api, self.namespace, LEASE, 5.0),
+            identity,
+            FAST,
+            release_on_cancel=release_on_cancel,
+        )
+        return AdmissionController(self.api, cfg, elector=elector)
+
+    async def create_admission_check(
+        self, controller_name: str = ADMISSION_CONTROLLER_NAME
+    ) -> None:
+        await self.objects.create_cluster_custom_object(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            ADMISSION_CHECKS,
+            {
+                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                "kind": "AdmissionCheck",
+                "metadata": {"name": self.check},
+                "spec": {"controllerName": controller_name},
+            },
+        )
+
+    async def delete_admission_check(self) -> None:
+        with contextlib.suppress(ApiException):
+            await self.objects.delete_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, self.check
+            )
+
+    async def admission_check(self) -> dict[str, Any]:
+        found: dict[str, Any] = await self.objects.get_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, ADMISSION_CHECKS, self.check
+        )
+        return found
+
+    async def trainjob(self, name: str, *, dispatch: bool = True) -> dict[str, Any]:
+        created: dict[str, Any] = await self.objects.create_namespaced_custom_object(
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            self.namespace,
+            TRAINJOBS,
+            {
+                "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+                "kind": "TrainJob",
+                "metadata": {"name": name, "labels": {LABEL_JOB: name} if dispatch else {}},
+                "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 1}},
+            },
+        )
+        return created
+
+    async def annotate(self, trainjob: str, key: str, value: str) -> None:
+        await self.objects.patch_namespaced_custom_object(
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            self.namespace,
+            TRAINJOBS,
+            trainjob,
+            {"metadata": {"annotations": {key: value}}},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def workload_for(self, trainjob: dict[str, Any]) -> str:
+        name = f"trainjob-{trainjob['metadata']['name']}-0a1b2"
+        await self.objects.create_namespaced_custom_object(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            self.namespace,
+            WORKLOADS,
+            {
+                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                "kind": "Workload",
+                "metadata": {
+                    "name": name,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+                            "kind": "TrainJob",
+                            "name": trainjob["metadata"]["name"],
+                            "uid": trainjob["metadata"]["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "queueName": "lq",
+                    "podSets": [
+                        {
+                            "name": "node",
+                            "count": 1,
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "node", "image": "busybox:1.37"}],
+                                }
+                            },
+                        }
+                    ],
+                },
+            },
+        )
+        return name
+
+    async def workload(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = await self.objects.get_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, self.namespace, WORKLOADS, name
+        )
+        return found
+
+    async def apply_status(self, name: str, manager: str, status: dict[str, Any]) -> None:
+        await self.objects.patch_namespaced_custom_object_status(
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            self.namespace,
+            WORKLOADS,
+            name,
+            {
+                "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+                "kind": "Workload",
+                "metadata": {"name": name},
+                "status": status,
+            },
+            field_manager=manager,
+            force=True,
+            _content_type=APPLY_PATCH,
+        )
+
+    # Kueue's part. Each apply carries everything Kueue owns, as Kueue's own applies do.
+
+    async def kueue_reserves(self, name: str, evictions: int = 0) -> None:
+        conditions = [condition("QuotaReserved", "True", "QuotaReserved")]
+        if evictions:
+            conditions.append(condition("Evicted", "False", "QuotaReserved"))
+        await self.apply_status(
+            name,
+            KUEUE_MANAGER,
+            {
+                "conditions": conditions,
+                "admissionChecks": [pending(self.check)],
+                **stats(evictions),
+            },
+        )
+
+    async def kueue_evicts(self, name: str, evictions: int) -> None:
+        await self.apply_status(
+            name,
+            KUEUE_MANAGER,
+            {
+                "conditions": [
+                    condition("QuotaReserved", "False", "Pending"),
+                    condition("Evicted", "True", "Preempted"),
+                ],
+                "admissionChecks": [
+                    pending(self.check, "Reset to Pending after eviction. Previously: Ready")
+                ],
+                **stats(evictions),
+            },
+        )
+
+    async def other_controller_decides(self, name: str) -> None:
+        await self.apply_status(
+            name,
+            OTHER_MANAGER,
+            {
+                "admissionChecks": [
+                    {
+                        "name": OTHER_CHECK,
+                        "state": "Ready",
+                        "message": "capacity provisioned",
+                        "lastTransitionTime": now(),
+                    }
+                ]
+            },
+        )
+
+    async def lease_holder(self) -> str | None:
+        try:
+            lease = await self.objects.get_namespaced_custom_object(
+                LEASE_GROUP, LEASE_VERSION, self.namespace, LEASES, LEASE
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        holder: str | None = lease["spec"].get("holderIdentity")
+        return holder
+
+    async def wait_for_state(
+        self, name: str, state: CheckState, message: Callable[[str], bool] = lambda _: True
+    ) -> dict[str, Any]:
+        async def matches() -> dict[str, Any] | None:
+            workload = await self.workload(name)
+            entry = check_entry(workload, self.check) or {}
+            if entry.get("state") == state and message(entry.get("message", "")):
+                return workload
+            return None
+
+        return await eventually(matches, f"Workload {name} check {state}")
+
+
+def condition(kind: str, status: str, reason: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": f"{kind} {status}",
+        "lastTransitionTime": now(),
+    }
+
+
+def pending(check: str, message: str = "") -> dict[str, Any]:
+    return {"name": check, "state": "Pending", "message": message, "lastTransitionTime": now()}
+
+
+def stats(evictions: int) -> dict[str, Any]:
+    if not evictions:
+        return {}
+    return {
+        "schedulingStats": {
+            "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": evictions}]
+        }
+    }
+
+
+async def eventually(probe: Callable[[], Any], what: str, within: float = WAIT) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``within``."""
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                found = await probe()
+                if found:
+                    return found
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out after {within}s waiting for {what}")
+
+
+def managed_by(obj: dict[str, Any], manager: str) -> list[dict[str, Any]]:
+    return [m for m in obj["metadata"].get("managedFields", []) if m.get("manager") == manager]
+
+
+@contextlib.asynccontextmanager
+async def running(*controllers: AdmissionController) -> AsyncIterator[list[asyncio.Task[None]]]:
+    tasks = [asyncio.create_task(c.run()) for c in controllers]
+    try:
+        yield tasks
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture
+async def scene(kube_api: client.ApiClient, namespace: str) -> AsyncIterator[Scene]:
+    scene = Scene(kube_api, namespace)
+    await scene.create_admission_check()
+    try:
+        yield scene
+    finally:
+        await scene.delete_admission_check()
+
+
+# The AdmissionCheck.
+
+
+async def test_the_controller_marks_its_admission_check_active(scene: Scene) -> None:
+    async with running(scene.controller("a")):
+
+        async def active() -> dict[str, Any] | None:
+            check = await scene.admission_check()
+            conditions = (check.get("status") or {}).get("conditions") or []
+            found = next((c for c in conditions if c["type"] == "Active"), None)
+            return found if found and found["status"] == "True" else None
+
+        condition = await eventually(active, "Active=True on the AdmissionCheck")
+
+    check = await scene.admission_check()
+    assert condition["reason"] == "Active"
+    assert condition["observedGeneration"] == check["metadata"]["generation"]
+    (mine,) = managed_by(check, ADMISSION_FIELD_MANAGER)
+    assert mine["operation"] == "Apply"
+    assert mine["subresource"] == "status"
+
+
+async def test_an_admission_check_of_another_controller_is_left_alone(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    scene = Scene(kube_api, namespace)
+    await scene.create_admission_check(controller_name="example.com/other")
+    try:
+        controller = scene.controller("a")
+        async with running(controller):
+            await eventually(lambda: _leading(controller), "leadership")
+            await eventually(_true(controller.checks.synced.is_set), "the AdmissionCheck mirror")
+            await asyncio.sleep(0.5)  # room for a wrong write to land
+        check = await scene.admission_check()
+        assert not (check.get("status") or {}).get("conditions")
+        assert not managed_by(check, ADMISSION_FIELD_MANAGER)
+    finally:
+        await scene.delete_admission_check()
+
+
+# Decisions.
+
+
+async def test_first_admission_goes_ready_and_another_check_is_never_touched(
+    scene: Scene,
+) -> None:
+    trainjob = await scene.trainjob("job-1")
+    name = await scene.workload_for(trainjob)
+    await scene.other_controller_decides(name)
+    before = await scene.workload(name)
+    other_before = check_entry(before, OTHER_CHECK)
+    (other_fields_before,) = managed_by(before, OTHER_MANAGER)
+
+    async with running(scene.controller("a")):
+        await scene.kueue_reserves(name)
+        after = await scene.wait_for_state(name, CheckState.READY)
+
+    entry = check_entry(after, scene.check)
+    assert entry is not None
+    assert entry["message"] == "first admission"
+    assert check_entry(after, OTHER_CHECK) == other_before
+    assert managed_by(after, OTHER_MANAGER) == [other_fields_before]
+    (mine,) = managed_by(after, ADMISSION_FIELD_MANAGER)
+    assert mine["operation"] == "Apply"
+    assert mine["subresource"] == "status"
+    assert OTHER_CHECK not in str(mine["fieldsV1"])
+    assert scene.check in str(mine["fieldsV1"])
+
+
+async def test_an_evicted_job_stays_pending_until_readmitted(scene: Scene) -> None:
+    trainjob = await scene.trainjob("job-1")
+    name = await scene.workload_for(trainjob)
+    controller = scene.controller("a")
+
+    async with running(controller):
+        await scene.kueue_reserves(name)
+        await scene.wait_for_state(name, CheckState.READY)
+
+        await scene.kueue_evicts(name, evictions=1)
+        await scene.kueue_reserves(name, evictions=1)
+        held = await scene.wait_for_state(
+            name, CheckState.PENDING, lambda m: m.startswith("held after eviction 1")
+        )
+        # An unrelated change to the job, and a readmit for an older eviction, keep it held.
+        await scene.annotate("job-1", "example.com/note", "x")
+        await scene.annotate("job-1", ANNOTATION_READMIT, "0")
+        await eventually(
+            lambda: _trainjob_seen(controller, ANNOTATION_READMIT, "0"), "the readmit annotation"
+        )
+        await asyncio.sleep(0.5)
+        still = await scene.workload(name)
+        assert check_entry(still, scene.check) == check_entry(held, scene.check)
+
+        await scene.annotate("job-1", ANNOTATION_READMIT, "1")
+        ready = await scene.wait_for_state(name, CheckState.READY)
+
+        # A second eviction closes the gate again without anyone touching the annotation.
+        await scene.kueue_evicts(name, evictions=2)
+        await scene.kueue_reserves(name, evictions=2)
+        await scene.wait_for_state(
+            name, CheckState.PENDING, lambda m: m.startswith("held after eviction 2")
+        )
+
+    entry = check_entry(ready, scene.check)
+    assert entry is not None
+    assert entry["message"] == "readmitted by dispatch after eviction 1"
+    decided = [(w.evictions, w.state) for w in controller.written if w.state != "Pending"]
+    assert decided == [(0, CheckState.READY), (1, CheckState.READY)]
+
+
+async def test_reject_gives_rejected_with_the_reason(scene: Scene) -> None:
+    trainjob = await scene.trainjob("job-1")
+    name = await scene.workload_for(trainjob)
+
+    async with running(scene.controller("a")):
+        await scene.kueue_reserves(name)
+        await scene.wait_for_state(name, CheckState.READY)
+        await scene.kueue_evicts(name, evictions=1)
+        await scene.kueue_reserves(name, evictions=1)
+        await scene.wait_for_state(name, CheckState.PENDING, lambda m: m.startswith("held"))
+
+        await scene.annotate("job-1", ANNOTATION_REJECT, "node pool retired")
+        rejected = await scene.wait_for_state(name, CheckState.REJECTED)
+
+    entry = check_entry(rejected, scene.check)
+    assert entry is not None
+    assert entry["message"] == "node pool retired"
+
+
+async def test_a_workload_of_a_job_dispatch_did_not_start_is_not_held(scene: Scene) -> None:
+    trainjob = await scene.trainjob("someone-elses", dispatch=False)
+    name = await scene.workload_for(trainjob)
+
+    async with running(scene.controller("a")):
+        await scene.kueue_reserves(name)
+        await scene.wait_for_state(name, CheckState.READY)
+        await scene.kueue_evicts(name, evictions=1)
+        await scene.kueue_reserves(name, evictions=1)
+        await scene.wait_for_state(name, CheckState.READY)
+
+
+# Two replicas.
+
+
+async def test_two_replicas_that_both_believe_they_lead_cannot_decide_one_admission_two_ways(
+    scene: Scene,
+) -> None:
+    """Split brain, forced: each replica's view differs (one sees a reject), both write at once.
+
+    The apply carries the resourceVersion the decision was made from, so only one write lands.
+    """
+    trainjob = await scene.trainjob("job-1")
+    name = await scene.workload_for(trainjob)
+    await scene.kueue_reserves(name, evictions=1)
+    workload = await scene.workload(name)
+
+    replicas = [scene.controller("a"), scene.controller("b")]
+    for replica in replicas:
+        replica.elector = _AlwaysLeader(replica.elector)
+        replica.workloads.objects[name] = workload
+    readmitted = {**trainjob, "metadata": {**trainjob["metadata"]}}
+    readmitted["metadata"]["annotations"] = {ANNOTATION_READMIT: "1"}
+    rejected = {**trainjob, "metadata": {**trainjob["metadata"]}}
+    rejected["metadata"]["annotations"] = {ANNOTATION_REJECT: "changed my mind"}
+    replicas[0].trainjobs.objects["job-1"] = readmitted
+    replicas[1].trainjobs.objects["job-1"] = rejected
+
+    await asyncio.gather(*(r._reconcile_workload(name) for r in replicas))
+
+    written = [w for r in replicas for w in r.written]
+    assert len(written) == 1
+    final = check_entry(await scene.workload(name), scene.check)
+    assert final is not None
+    assert final["state"] == written[0].state
+
+
+async def test_the_standby_takes_over_within_the_lease_duration_when_the_leader_dies(
+    scene: Scene,
+) -> None:
+    loop = asyncio.get_running_loop()
+    jobs = [await scene.trainjob(f"job-{i}") for i in range(6)]
+    names = [await scene.workload_for(job) for job in jobs]
+    a = scene.controller("a", release_on_cancel=False)  # it crashes: nothing is released
+    b = scene.controller("b")
+
+    task_a = asyncio.create_task(a.run())
+    async with running(b):
+        await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
+        await scene.kueue_reserves(names[0])
+        await scene.wait_for_state(names[0], CheckState.READY)
+
+        # The leader dies while Kueue reserves quota for the rest.
+        reserving = [asyncio.create_task(scene.kueue_reserves(n)) for n in names[1:]]
+        task_a.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task_a
+        died = loop.time()
+        await asyncio.gather(*reserving)
+
+        await eventually(lambda: _holder_is(scene, "b"), "replica b to take the Lease")
+        took_over = loop.time() - died
+        for name in names:
+            await scene.wait_for_state(name, CheckState.READY)
+
+    bound = FAST.lease_duration.total_seconds() + 2 * 1.2 * FAST.retry_period.total_seconds()
+    assert took_over <= bound + 0.5, f"took over after {took_over:.2f}s"
+    assert not a.elector.is_leader()
+    decided = [(w.uid, w.evictions) for w in a.written + b.written]
+    assert len(decided) == len(set(decided)), "an admission was decided twice"
+    assert {w.workload for w in b.written} <= set(names[1:])
+
+
+async def test_a_released_lease_is_taken_over_at_the_next_retry(scene: Scene) -> None:
+    loop = asyncio.get_running_loop()
+    a, b = scene.controller("a"), scene.controller("b")
+    task_a = asyncio.create_task(a.run())
+    async with running(b):
+        await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
+        await asyncio.sleep(0.5)
+        task_a.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task_a
+        released = loop.time()
+        await eventually(lambda: _holder_is(scene, "b"), "replica b to take the Lease")
+        took_over = loop.time() - released
+
+    # A released Lease lasts one second; b takes it then, well inside a lease duration.
+    assert took_over < FAST.lease_duration.total_seconds()
+
+
+# Helpers over the controllers.
+
+
+class _AlwaysLeader(LeaderElector):
+    def __init__(self, inner: LeaderElector) -> None:
+        super().__init__(inner.store, inner.identity, inner.timing)
+
+    def is_leader(self) -> bool:
+        return True
+
+
+async def _leading(controller: AdmissionController) -> bool:
+    return controller.elector.is_leader()
+
+
+def _true(predicate: Callable[[], bool]) -> Callable[[], Any]:
+    async def probe() -> bool:
+        return predicate()
+
+    return probe
+
+
+async def _holder_is(scene: Scene, identity: str) -> bool:
+    return await scene.lease_holder() == identity
+
+
+async def _trainjob_seen(controller: AdmissionController, key: str, value: str) -> bool:
+    job = controller.trainjobs.objects.get("job-1") or {}
+    return bool((job.get("metadata", {}).get("annotations") or {}).get(key) == value)
