@@ -53,10 +53,11 @@ from typing import Any
 
 import aiohttp
 import yaml
-from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict
 
+from dispatch_kubeflow import connection
 from dispatch_kubeflow.constants import (
     ADMISSION_CHECK_ACTIVE,
     ADMISSION_CHECKS,
@@ -76,7 +77,7 @@ from dispatch_kubeflow.constants import (
     WORKLOADS,
     CheckState,
 )
-from dispatch_kubeflow.errors import ErrInvalid
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
 from dispatch_kubeflow.leader import (
     ApiLeaseStore,
     Clock,
@@ -610,23 +611,10 @@ class AdmissionController:
 
 
 async def connect(settings: Settings) -> client.ApiClient:
-    """An API client for ``settings.cluster``: a kubeconfig, or the pod's service account."""
-    configuration = client.Configuration()
-    cluster = settings.cluster
-    if cluster.in_cluster:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        try:
-            await config.load_kube_config(
-                config_file=cluster.kubeconfig or None,
-                context=cluster.context,
-                client_configuration=configuration,
-            )
-        except config.ConfigException:
-            if cluster.kubeconfig or cluster.context:
-                raise
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
+    """An API client for ``settings.cluster``, each request bounded by ``timeouts.request``."""
+    return await connection.connect(
+        settings.cluster, token=None, request_timeout=settings.timeouts.request
+    )
 
 
 async def run_admission(
@@ -757,7 +745,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ErrInvalid, ValueError, yaml.YAMLError) as exc:
         print(f"dispatch-kubeflow admission: {args.settings}: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_run_until_signalled(settings, args))
+    try:
+        asyncio.run(_run_until_signalled(settings, args))
+    except ErrUnsupported as exc:
+        print(f"dispatch-kubeflow admission: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
