@@ -39,6 +39,7 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     WORKLOADS,
     CheckState,
+    EventType,
 )
 from dispatch_kubeflow.leader import (
     LEASE_GROUP,
@@ -48,6 +49,9 @@ from dispatch_kubeflow.leader import (
     ElectionTiming,
     LeaderElector,
 )
+from dispatch_kubeflow.lease import DEFAULT_SKEW
+from dispatch_kubeflow.settings import parse_settings_object
+from dispatch_kubeflow.watching import Supervisor
 
 FAST = ElectionTiming(
     lease_duration=timedelta(seconds=2),
@@ -610,3 +614,71 @@ async def _holder_is(scene: Scene, identity: str) -> bool:
 async def _trainjob_seen(controller: AdmissionController, key: str, value: str) -> bool:
     job = controller.trainjobs.objects.get("job-1") or {}
     return bool((job.get("metadata", {}).get("annotations") or {}).get(key) == value)
+
+
+# The adapter's side of the heartbeat.
+
+
+async def test_the_adapters_heartbeat_follows_the_lease_going_stale_and_fresh(
+    scene: Scene,
+) -> None:
+    """The adapter's Supervisor reads this controller's Lease: open, closed on a crash, open again.
+
+    The adapter allows 2 s of clock skew on top of the Lease's own duration.
+    """
+
+    settings = parse_settings_object(
+        {
+            "namespace": scene.namespace,
+            "probeRuntime": {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"},
+            "kueue": {
+                "localQueue": "lq",
+                "admissionCheck": scene.check,
+                "admissionLease": {"namespace": scene.namespace, "name": LEASE},
+            },
+        }
+    )
+    loop = asyncio.get_running_loop()
+    a = scene.controller("a", release_on_cancel=False)
+    task_a = asyncio.create_task(a.run())
+    await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
+
+    events = Supervisor(scene.api, settings, adapter_name=scene.namespace).events()
+    beats: asyncio.Queue[tuple[float, str, str]] = asyncio.Queue()
+
+    async def collect() -> None:
+        async for event in events:
+            if event.type == EventType.ADMISSION_HEARTBEAT:
+                await beats.put((loop.time(), str(event.gate), event.reason))
+
+    collector = asyncio.create_task(collect())
+    try:
+        async with asyncio.timeout(WAIT):
+            _, gate, _ = await beats.get()
+        assert gate == "open"
+
+        task_a.cancel()  # a crash: the Lease is left to expire
+        with contextlib.suppress(asyncio.CancelledError):
+            await task_a
+        crashed = loop.time()
+        async with asyncio.timeout(WAIT):
+            at, gate, reason = await beats.get()
+        assert (gate, reason) == ("closed", "LeaseExpired")
+        stale_after = FAST.lease_duration + DEFAULT_SKEW
+        assert at - crashed <= stale_after.total_seconds() + 0.5
+
+        async with running(scene.controller("b")):
+            async with asyncio.timeout(WAIT):
+                _, gate, reason = await beats.get()
+            assert (gate, reason) == ("open", "LeaseRenewed")
+        # b released the Lease on its way out: the gate closes at once, not after an expiry.
+        released = loop.time()
+        async with asyncio.timeout(WAIT):
+            at, gate, reason = await beats.get()
+        assert (gate, reason) == ("closed", "LeaseReleased")
+        assert at - released < FAST.lease_duration.total_seconds()
+    finally:
+        collector.cancel()
+        task_a.cancel()
+        await asyncio.gather(collector, task_a, return_exceptions=True)
+        await events.aclose()
