@@ -1,0 +1,195 @@
+"""The handlers' pure parts: adapter status from each step, DispatchJob spec mapping, routing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+import pytest
+
+from dispatch_kubeflow.cli import build_parser
+from dispatch_kubeflow.constants import FINALIZER, GROUP
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.events import DispatchEvent
+from dispatch_kubeflow.handlers.adapters import (
+    heartbeat_status,
+    invalid_status,
+    notice_spec_change,
+    open_failed_status,
+    opening_status,
+    parse_spec,
+    ready_status,
+)
+from dispatch_kubeflow.handlers.jobs import event_kind, event_message, job_spec
+from dispatch_kubeflow.handlers.startup import apply_settings
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+SPEC: dict[str, Any] = {
+    "namespace": "team-a",
+    "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "torch"}],
+}
+
+
+def by_type(patch: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in patch["conditions"]}
+
+
+def test_an_invalid_spec_is_refused_naming_the_pointer_under_spec() -> None:
+    with pytest.raises(ErrInvalid, match="/spec/timeouts/request"):
+        parse_spec({**SPEC, "timeouts": {"request": "soon"}})
+
+
+@pytest.mark.parametrize(
+    ("spec", "pointer"),
+    [({**SPEC, "kueue": None}, "/spec/kueue"), ({**SPEC, "colour": "red"}, "/spec/colour")],
+)
+def test_a_null_or_unknown_key_reaching_the_operator_is_refused(
+    spec: dict[str, Any], pointer: str
+) -> None:
+    with pytest.raises(ErrInvalid, match=pointer):
+        parse_spec(spec)
+
+
+def test_invalid_status_says_invalid_settings_and_is_not_ready() -> None:
+    with pytest.raises(ErrInvalid) as refused:
+        parse_spec({**SPEC, "nodeLossWindow": "-1s"})
+    patch = invalid_status(refused.value, 4).patch(None, NOW)
+    conditions = by_type(patch)
+    assert conditions["Valid"] == ("False", "InvalidSettings")
+    assert conditions["Ready"] == ("False", "InvalidSettings")
+    assert "/spec/nodeLossWindow" in patch["conditions"][0]["message"]
+    assert patch["observedGeneration"] == 4
+    assert all(c["observedGeneration"] == 4 for c in patch["conditions"])
+
+
+def test_opening_status_declares_mode_gate_and_durations_as_go_strings() -> None:
+    patch = opening_status(parse_spec(SPEC), 1).patch(None, NOW)
+    assert patch["mode"] == "plain"
+    assert patch["readmissionGate"] == "no"
+    assert patch["declarations"] == {
+        "nodeLossWindow": "5m0s",
+        "callBound": "1m5s",
+        "polledLoss": [],
+    }
+    assert "AdmissionHealthy" not in by_type(patch)
+
+
+def test_kueue_mode_with_a_check_has_a_gate_and_awaits_the_heartbeat() -> None:
+    settings = parse_spec({**SPEC, "kueue": {"localQueue": "lq", "admissionCheck": "gate"}})
+    patch = opening_status(settings, 1).patch(None, NOW)
+    assert (patch["mode"], patch["readmissionGate"]) == ("kueue", "yes")
+    assert by_type(patch)["AdmissionHealthy"] == ("Unknown", "AwaitingHeartbeat")
+
+
+def test_a_failed_preflight_probe_is_connected_but_not_probed() -> None:
+    error = ErrUnsupported("preflight probe: Trainer v2.1 has no runtimePatches")
+    conditions = by_type(open_failed_status(error, 1).patch(None, NOW))
+    assert conditions["Connected"] == ("True", "Connected")
+    assert conditions["Probed"] == ("False", "ProbeFailed")
+    assert conditions["Ready"] == ("False", "ProbeFailed")
+
+
+def test_an_unreachable_cluster_is_not_connected() -> None:
+    conditions = by_type(open_failed_status(OSError("connection refused"), 1).patch(None, NOW))
+    assert conditions["Connected"] == ("False", "ConnectionFailed")
+    assert conditions["Probed"][0] == "Unknown"
+
+
+def test_ready_keeps_valid_and_a_plain_adapter_drops_a_stale_admission_condition() -> None:
+    opened = opening_status(parse_spec({**SPEC, "kueue": {"localQueue": "lq"}}), 1)
+    before = opened.patch(None, NOW)
+    after_change = opening_status(parse_spec(SPEC), 2).patch(before, NOW)
+    assert "AdmissionHealthy" not in by_type(after_change)
+    ready = ready_status(2).patch(after_change, NOW)
+    assert by_type(ready)["Valid"] == ("True", "Parsed")
+    assert by_type(ready)["Ready"] == ("True", "Watching")
+
+
+def test_heartbeat_sets_admission_healthy() -> None:
+    event = DispatchEvent.model_validate(
+        {"type": "AdmissionHeartbeat", "time": NOW, "gate": "closed", "reason": "LeaseExpired"}
+    )
+    assert by_type(heartbeat_status(event, 1).patch(None, NOW)) == {
+        "AdmissionHealthy": ("False", "LeaseExpired")
+    }
+
+
+def test_a_dispatchjob_spec_maps_onto_the_library_jobspec() -> None:
+    job = job_spec(
+        "train",
+        {
+            "adapter": "a",
+            "attempt": 3,
+            "runtime": {"kind": "TrainingRuntime", "name": "r"},
+            "image": "img",
+            "command": ["python"],
+            "args": ["-c", "1"],
+            "env": [{"name": "A", "value": "1"}],
+            "numNodes": 4,
+            "gpusPerNode": 8,
+            "activeDeadlineSeconds": 60,
+        },
+    )
+    assert (job.job_id, job.attempt, job.num_nodes, job.gpus_per_node) == ("train", 3, 4, 8)
+    assert job.runtime is not None
+    assert job.runtime.name == "r"
+    assert job.env[0].name == "A"
+    assert job.active_deadline_seconds == 60
+
+
+def test_a_bad_job_id_is_refused_as_invalid() -> None:
+    with pytest.raises(ErrInvalid, match="RFC 1035"):
+        job_spec("9-starts-with-a-digit", {"adapter": "a"})
+
+
+@pytest.mark.parametrize(
+    ("event", "kind"),
+    [
+        ({"type": "Running", "state": "Running"}, "Normal"),
+        ({"type": "Finished", "state": "Succeeded"}, "Normal"),
+        ({"type": "Finished", "state": "Failed", "cause": "ProgramError"}, "Warning"),
+        ({"type": "NodeLost", "state": "Running"}, "Warning"),
+    ],
+)
+def test_kubernetes_event_type_follows_the_outcome(event: dict[str, Any], kind: str) -> None:
+    assert event_kind(event) == kind
+
+
+def test_event_message_names_attempt_state_and_cause() -> None:
+    message = event_message(
+        {"attempt": 2, "state": "Failed", "cause": "OutOfMemory", "message": "OOMKilled"}
+    )
+    assert message == "attempt 2: Failed (OutOfMemory): OOMKilled"
+
+
+def test_a_new_generation_ends_the_running_session() -> None:
+    changed = kopf.Memo()
+    flag = asyncio.Event()
+    changed.spec_changed = flag
+    changed.serving_generation = 1
+    notice_spec_change(body=kopf.Body({"metadata": {"generation": 1}}), memo=changed)
+    assert not flag.is_set()
+    notice_spec_change(body=kopf.Body({"metadata": {"generation": 2}}), memo=changed)
+    assert flag.is_set()
+
+
+def test_kopf_bookkeeping_uses_the_project_prefix_and_finalizer() -> None:
+    settings = kopf.OperatorSettings()
+    apply_settings(settings)
+    assert settings.persistence.finalizer == FINALIZER
+    assert settings.persistence.progress_storage.prefix == GROUP
+    assert settings.persistence.diffbase_storage.prefix == GROUP
+    assert settings.peering.standalone is True
+
+
+def test_run_command_parses_its_options() -> None:
+    args: argparse.Namespace = build_parser().parse_args(
+        ["run", "-n", "a", "-n", "b", "--events-to", "stderr", "--liveness", "http://x/healthz"]
+    )
+    assert args.namespaces == ["a", "b"]
+    assert args.events_to == "stderr"
+    assert args.liveness == "http://x/healthz"
+    assert args.log_format == "json"
