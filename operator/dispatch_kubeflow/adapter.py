@@ -73,8 +73,6 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 
 PROBE_PREFIX = "preflight probe: "
-OPENAPI_TRAINER = f"/openapi/v3/apis/{TRAINER_GROUP}/{TRAINER_VERSION}"
-TRAINJOB_SCHEMA = "io.kubeflow.trainer.v1alpha1.TrainJob"
 # Errors that leave a write's outcome open: the request may have reached the apiserver.
 TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError)
 # stop_job's read-backs start fast and slow down, so a quick stop costs few requests.
@@ -210,7 +208,7 @@ class Adapter:
 
     async def _preflight_probe(self) -> None:
         try:
-            await self._check_trainer_api()
+            await check_trainer_api(self.api)
             probe = self.settings.probe_runtime
             if self.settings.runtimes and probe not in self.settings.runtimes:
                 raise ErrUnsupported(
@@ -224,31 +222,6 @@ class Adapter:
             if str(error).startswith(PROBE_PREFIX):
                 raise
             raise ErrUnsupported(f"{PROBE_PREFIX}{error}") from error
-
-    async def _check_trainer_api(self) -> None:
-        document = await self._get_openapi(OPENAPI_TRAINER)
-        if document is None:
-            raise ErrUnsupported(
-                f"the Trainer API {TRAINER_GROUP}/{TRAINER_VERSION} is not served; "
-                "install Kubeflow Trainer v2.2 or later"
-            )
-        check_trainjob_schema(document)
-
-    async def _get_openapi(self, path: str) -> Obj | None:
-        try:
-            document: Obj = await self.api.call_api(
-                path,
-                "GET",
-                header_params={"Accept": "application/json"},
-                response_types_map={200: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise _api_error(f"reading {path}", error) from None
-        return document
 
     # ---------------------------------------------------------------------------------------
     # start
@@ -682,13 +655,44 @@ class Adapter:
 # Pure helpers
 
 
-def check_trainjob_schema(document: Mapping[str, Any], schema_name: str = TRAINJOB_SCHEMA) -> None:
-    """Refuse a served TrainJob schema without ``spec.runtimePatches`` (Trainer before v2.2)."""
+async def check_trainer_api(
+    api: ApiClientWithTimeouts, group: str = TRAINER_GROUP, version: str = TRAINER_VERSION
+) -> None:
+    """Refuse a Trainer whose served TrainJob has no ``spec.runtimePatches`` (before v2.2).
+
+    It reads the group's OpenAPI v3 document, which every authenticated user may read, rather
+    than the CRD, which would need a permission on CustomResourceDefinitions.
+    """
+    path = f"/openapi/v3/apis/{group}/{version}"
+    try:
+        document: Obj = await api.call_api(
+            path,
+            "GET",
+            header_params={"Accept": "application/json"},
+            response_types_map={200: "object"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
+    except ApiException as error:
+        if error.status == 404:
+            raise ErrUnsupported(
+                f"the Trainer API {group}/{version} is not served; "
+                "install Kubeflow Trainer v2.2 or later"
+            ) from None
+        raise _api_error(f"reading {path}", error) from None
+    except TRANSPORT_ERRORS as error:
+        raise ErrUnsupported(f"reading {path}: {_transport(error)}") from None
+    check_trainjob_schema(document, group, version)
+
+
+def check_trainjob_schema(document: Mapping[str, Any], group: str, version: str) -> None:
+    """Refuse an OpenAPI document whose TrainJob of ``group/version`` lacks runtimePatches."""
     schemas = (document.get("components") or {}).get("schemas") or {}
-    trainjob = schemas.get(schema_name)
-    if not isinstance(trainjob, Mapping):
+    trainjob = _schema_of_kind(schemas, group, version, KIND_TRAINJOB)
+    if trainjob is None:
         raise ErrUnsupported(
-            "the Trainer API serves no TrainJob schema; install Kubeflow Trainer v2.2 or later"
+            f"the Trainer API {group}/{version} serves no TrainJob; "
+            "install Kubeflow Trainer v2.2 or later"
         )
     spec = _resolve(schemas, (trainjob.get("properties") or {}).get("spec"))
     if "runtimePatches" not in (spec.get("properties") or {}):
@@ -696,6 +700,18 @@ def check_trainjob_schema(document: Mapping[str, Any], schema_name: str = TRAINJ
             "the served TrainJob has no spec.runtimePatches, so Kubeflow Trainer is older than "
             "v2.2; upgrade Kubeflow Trainer to v2.2 or later"
         )
+
+
+def _schema_of_kind(
+    schemas: Mapping[str, Any], group: str, version: str, kind: str
+) -> Mapping[str, Any] | None:
+    wanted = {"group": group, "version": version, "kind": kind}
+    for schema in schemas.values():
+        if isinstance(schema, Mapping) and wanted in (
+            schema.get("x-kubernetes-group-version-kind") or ()
+        ):
+            return schema
+    return None
 
 
 def _resolve(schemas: Mapping[str, Any], node: Any) -> Mapping[str, Any]:
