@@ -449,6 +449,8 @@ class AdmissionController:
                 log.warning("admission: cannot list or watch %s: %s", mirror.kind, exc)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 log.warning("admission: cannot list or watch %s: %s", mirror.kind, exc)
+            except Exception:
+                log.exception("admission: watching %s failed; listing again", mirror.kind)
             await asyncio.sleep(self.cfg.retry_backoff)
 
     async def _watch(self, mirror: Mirror, list_call: ListCall, version: str) -> str:
@@ -500,7 +502,12 @@ class AdmissionController:
             self._check_dirty = False
             await self._reconcile_admission_check()
         while self._dirty:
-            await self._reconcile_workload(self._dirty.pop())
+            name = self._dirty.pop()
+            try:
+                await self._reconcile_workload(name)
+            except Exception:
+                # A Workload this code cannot read must not stop the decisions on all the others.
+                log.exception("admission: deciding Workload %s failed", name)
 
     def _later(self, name: str | None) -> None:
         """Try again after the backoff: ``name`` is a Workload, None the AdmissionCheck."""
