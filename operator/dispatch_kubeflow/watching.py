@@ -75,6 +75,7 @@ LIST_PAGE = 500
 FLUSH_EVERY = 100
 DEFAULT_WATCH_TIMEOUT = timedelta(minutes=5)
 BACKOFF_MAX = 30.0
+SAVE_RETRY_DELAY = 1.0
 
 JobKey = tuple[str, int]
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
@@ -99,7 +100,14 @@ class StopNoted:
     job: str
 
 
-QueueItem = Change | Synced | StopNoted | DispatchEvent
+@dataclass(frozen=True)
+class Retry:
+    """Derive a job again: saving its record failed last time."""
+
+    key: JobKey
+
+
+QueueItem = Change | Synced | StopNoted | Retry | DispatchEvent
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,7 +554,9 @@ class _Index:
         uid = str(_meta(train_job, "uid") or "") if train_job else ""
         pods = tuple(self.pods.get(key, {}).values())
         nodes = {(p.get("spec") or {}).get("nodeName") for p in pods}
-        return JobObservation(
+        # Built without validation: the objects came from the API and copying them per
+        # derivation would dominate the cost of a busy watch.
+        return JobObservation.model_construct(
             job=key[0],
             attempt=key[1],
             train_job=train_job,
@@ -724,6 +734,8 @@ class Supervisor:
                     if pending_sync:
                         continue
                     dirty |= self._index.job_keys() | await self._unfinished_in_store()
+                elif isinstance(item, Retry):
+                    dirty.add(item.key)
                 elif isinstance(item, StopNoted):
                     dirty |= {k for k in self._index.job_keys() if k[0] == item.job}
                 elif item.kind == KIND_LEASE:
@@ -774,13 +786,20 @@ class Supervisor:
         obs = self._index.observation(key, stopped=key[0] in self._stopped)
         status = derive(obs, loss_taints=self._loss_taints)
         train_job = self._index.train_jobs.get(key)
-        events = await self._reporter.report(
-            job=key[0],
-            attempt=key[1],
-            train_job=_name(train_job) if train_job else f"{key[0]}-{key[1]}",
-            status=status,
-            now=self._clock.now(),
-        )
+        try:
+            events = await self._reporter.report(
+                job=key[0],
+                attempt=key[1],
+                train_job=_name(train_job) if train_job else f"{key[0]}-{key[1]}",
+                status=status,
+                now=self._clock.now(),
+            )
+        except (client.ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
+            # Nothing counts as reported until the store holds it: try again shortly.
+            log.warning("saving the reported record of %s failed: %r", key, error)
+            loop = asyncio.get_running_loop()
+            loop.call_later(SAVE_RETRY_DELAY, self._queue.put_nowait, Retry(key))
+            return []
         record = await self._reporter.record_of(*key)
         if record is not None and record.finished:
             self._finished.add(key)

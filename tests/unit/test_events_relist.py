@@ -1,0 +1,214 @@
+"""The informer's relist after 410 and the index that routes changes to jobs.
+
+A real kube-apiserver cannot be made, on demand, to delete an object exactly while a watch is
+down and then answer 410, so the list/watch calls here are canned responses (the integration
+tests cover the same path against the real server, where the timing is not controllable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from dispatch_kubeflow.constants import LABEL_ATTEMPT, LABEL_JOB
+from dispatch_kubeflow.watching import (
+    KIND_NODE,
+    KIND_POD,
+    KIND_TRAINJOB,
+    KIND_WORKLOAD,
+    Change,
+    Informer,
+    QueueItem,
+    Synced,
+    _Index,
+    trim,
+)
+
+
+class Content:
+    def __init__(self, lines: list[dict[str, Any]]) -> None:
+        self._lines = [json.dumps(line).encode() + b"\n" for line in lines]
+
+    async def readline(self) -> bytes:
+        return self._lines.pop(0) if self._lines else b""
+
+
+class Response:
+    def __init__(self, status: int, body: Any = None, lines: list[dict[str, Any]] | None = None):
+        self.status = status
+        self._body = json.dumps(body).encode()
+        self.content = Content(lines or [])
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+
+def obj(name: str, rv: str, job: str = "j") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": rv,
+            "labels": {LABEL_JOB: job, LABEL_ATTEMPT: "1"},
+        },
+        "spec": {},
+        "status": {},
+    }
+
+
+def listing(rv: str, *items: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": rv}, "items": list(items)}
+
+
+class Script:
+    """Answers list and watch calls in order; records the arguments of each."""
+
+    def __init__(self, *responses: Response) -> None:
+        self._responses = list(responses)
+        self.calls: list[dict[str, Any]] = []
+        self.exhausted = asyncio.Event()
+
+    async def __call__(self, **kwargs: Any) -> Response:
+        self.calls.append(kwargs)
+        if not self._responses:
+            self.exhausted.set()
+            await asyncio.Event().wait()
+        return self._responses.pop(0)
+
+
+async def run_until_exhausted(informer: Informer, script: Script) -> None:
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(script.exhausted.wait(), 5)
+    finally:
+        task.cancel()
+
+
+async def test_relist_after_410_synthesises_deletions_and_resumes_from_the_new_version() -> None:
+    seen: list[QueueItem] = []
+
+    async def emit(item: QueueItem) -> None:
+        seen.append(item)
+
+    script = Script(
+        Response(200, listing("10", obj("a", "5"), obj("b", "6"))),
+        # The watch resumes from the list's version, sees a change, then is cut off.
+        Response(200, lines=[{"type": "MODIFIED", "object": obj("a", "11")}]),
+        # Resumed from 11: the version was compacted away meanwhile.
+        Response(200, lines=[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]),
+        # The relist: b was deleted while nothing watched, c is new, a is unchanged.
+        Response(200, listing("20", obj("a", "11"), obj("c", "15"))),
+        Response(
+            200, lines=[{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "25"}}}]
+        ),
+    )
+    informer = Informer(KIND_TRAINJOB, script, emit)
+    await run_until_exhausted(informer, script)
+
+    changes = [(i.type, i.obj["metadata"]["name"]) for i in seen if isinstance(i, Change)]
+    assert changes == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+        ("MODIFIED", "a"),
+        ("DELETED", "b"),
+        ("ADDED", "c"),
+    ]
+    assert [i.kind for i in seen if isinstance(i, Synced)] == [KIND_TRAINJOB, KIND_TRAINJOB]
+    watches = [c for c in script.calls if c.get("watch")]
+    assert [c["resource_version"] for c in watches] == ["10", "11", "20", "25"]
+    assert all(c["allow_watch_bookmarks"] for c in watches)
+    assert set(informer.cache) == {"a", "c"}
+    assert informer.relists == 2
+
+
+async def test_a_watch_is_never_started_without_a_resource_version() -> None:
+    async def emit(item: QueueItem) -> None:
+        pass
+
+    script = Script(
+        Response(200, {"metadata": {}, "items": []}),  # no resourceVersion: not watchable
+        Response(500, {"message": "etcd unavailable"}),
+        Response(200, listing("7")),
+        Response(200, lines=[]),
+    )
+    informer = Informer(KIND_TRAINJOB, script, emit)
+    await run_until_exhausted(informer, script)
+    watches = [c for c in script.calls if c.get("watch")]
+    assert watches
+    assert all(c["resource_version"] == "7" for c in watches)
+
+
+async def test_list_pages_are_followed_with_the_continue_token() -> None:
+    async def emit(item: QueueItem) -> None:
+        pass
+
+    first = {"metadata": {"continue": "tok"}, "items": [obj("a", "1")]}
+    script = Script(Response(200, first), Response(200, listing("9", obj("b", "2"))))
+    informer = Informer(KIND_TRAINJOB, script, emit)
+    await run_until_exhausted(informer, script)
+    assert script.calls[1]["_continue"] == "tok"
+    assert set(informer.cache) == {"a", "b"}
+
+
+def test_nodes_keep_only_noexecute_taints_and_pods_only_what_derivation_reads() -> None:
+    node = {
+        "metadata": {"name": "n1", "resourceVersion": "1", "labels": {"big": "x"}},
+        "spec": {
+            "taints": [
+                {"key": "a", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+            ]
+        },
+        "status": {"images": ["lots"]},
+    }
+    assert trim(KIND_NODE, node) == {
+        "metadata": {"name": "n1", "resourceVersion": "1"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+    }
+    pod = {**obj("p", "1"), "spec": {"nodeName": "n1", "containers": [{"name": "node"}]}}
+    assert trim(KIND_POD, pod)["spec"] == {"nodeName": "n1"}
+
+
+def test_index_routes_node_changes_to_the_jobs_with_pods_there() -> None:
+    index = _Index()
+    pod = {**obj("p", "1", job="j"), "spec": {"nodeName": "n1"}}
+    assert index.apply(Change(KIND_POD, "ADDED", trim(KIND_POD, pod))) == {("j", 1)}
+    tainted = {
+        "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+    }
+    assert index.apply(Change(KIND_NODE, "MODIFIED", tainted)) == {("j", 1)}
+    assert index.apply(Change(KIND_NODE, "MODIFIED", tainted)) == set()  # no change, no work
+    assert index.apply(Change(KIND_NODE, "ADDED", {"metadata": {"name": "n2"}})) == set()
+    observed = index.observation(("j", 1), stopped=False)
+    assert [t.key for t in observed.node_taints["n1"]] == ["node.kubernetes.io/unreachable"]
+
+
+def test_index_matches_workloads_by_owner_uid_and_keeps_deleted_pods_as_evidence() -> None:
+    index = _Index()
+    tj = obj("j-1", "1", job="j")
+    tj["metadata"]["uid"] = "u1"
+    index.apply(Change(KIND_TRAINJOB, "ADDED", tj))
+    workload = {
+        "metadata": {"name": "w", "ownerReferences": [{"kind": "TrainJob", "uid": "u1"}]},
+        "spec": {},
+        "status": {},
+    }
+    assert index.apply(Change(KIND_WORKLOAD, "ADDED", workload)) == {("j", 1)}
+    index.apply(Change(KIND_POD, "DELETED", trim(KIND_POD, obj("p", "2", job="j"))))
+    observed = index.observation(("j", 1), stopped=False)
+    assert observed.workload == workload
+    assert observed.pods[0]["metadata"]["deletionTimestamp"] is not None
+
+
+@pytest.mark.parametrize("labels", [{}, {LABEL_JOB: "j"}, {LABEL_JOB: "j", LABEL_ATTEMPT: "x"}])
+def test_objects_without_job_labels_are_ignored(labels: dict[str, str]) -> None:
+    index = _Index()
+    body = {"metadata": {"name": "x", "labels": labels}, "spec": {}, "status": {}}
+    assert index.apply(Change(KIND_TRAINJOB, "ADDED", body)) == set()
+    assert index.job_keys() == set()
