@@ -1,0 +1,209 @@
+"""The Helm chart: linted, rendered and installed for real, its RBAC exercised by the operator.
+
+``helm`` is built from the Go module proxy (tests/helm) the way the control plane is. The install
+goes into the test control plane; no kubelet runs there, so the chart's Deployment never starts a
+pod: instead the operator runs in-process with the identity of the chart's ServiceAccount
+(a client certificate for ``system:serviceaccount:<ns>:<name>``), so every call it makes is
+checked against exactly the ClusterRole the chart grants.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from tests.helm import binary
+from tests.integration.test_operator import (
+    ADAPTER,
+    Scene,
+    condition,
+    eventually,
+    running_operator,
+)
+
+from dispatch_kubeflow.constants import GROUP, VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "dispatch-kubeflow"
+BUILD_TIMEOUT = 3600
+
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        return binary.build()
+    except binary.BuildError as error:
+        pytest.fail(f"helm could not be built: {error}")
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, check=False, timeout=300
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def render(helm: Path, *args: str) -> list[dict[str, Any]]:
+    out = run_helm(
+        helm, "template", "dispatch", str(CHART), "--namespace", "dispatch-system", *args
+    )
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [doc for doc in docs if doc["kind"] == kind]
+    return found
+
+
+def adapter_values(namespace: str) -> list[str]:
+    spec = {
+        "namespace": namespace,
+        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
+        "timeouts": {"stopJob": "20s"},
+    }
+    return [
+        "--set",
+        "adapter.create=true",
+        "--set",
+        f"adapter.name={ADAPTER}",
+        "--set-json",
+        f"adapter.spec={json.dumps(spec)}",
+    ]
+
+
+def test_the_chart_lints_clean(helm: Path) -> None:
+    run_helm(helm, "lint", "--strict", str(CHART))
+    run_helm(
+        helm,
+        "lint",
+        "--strict",
+        str(CHART),
+        *adapter_values("team-a"),
+        "--set",
+        "exampleRuntime.create=true",
+    )
+
+
+def test_the_deployment_is_one_recreated_non_root_replica_with_a_liveness_probe(
+    helm: Path,
+) -> None:
+    deployment = one(render(helm), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert container["ports"][0]["containerPort"] == 8080
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert container["args"][0] == "run"
+    assert pod["serviceAccountName"] == one(render(helm), "ServiceAccount")["metadata"]["name"]
+
+
+def test_the_cluster_role_is_the_rule_files_and_nothing_else(helm: Path) -> None:
+    role = one(render(helm), "ClusterRole")
+    expected: list[dict[str, Any]] = []
+    for name in ("rbac-operator.yaml", "rbac-adapter.yaml"):
+        path = CHART / "files" / name
+        if path.exists():
+            expected += yaml.safe_load(path.read_text()) or []
+    assert role["rules"] == expected
+    verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+    assert "*" not in verbs
+    assert not any("secrets" in rule["resources"] for rule in role["rules"])
+
+
+def test_optional_adapter_and_example_runtime_render_from_values(helm: Path) -> None:
+    assert not [
+        d for d in render(helm) if d["kind"] in ("KubeflowAdapter", "ClusterTrainingRuntime")
+    ]
+    docs = render(helm, *adapter_values("team-a"), "--set", "exampleRuntime.create=true")
+    adapter = one(docs, "KubeflowAdapter")
+    assert adapter["metadata"]["namespace"] == "dispatch-system"
+    assert adapter["spec"]["namespace"] == "team-a"
+    runtime = one(docs, "ClusterTrainingRuntime")
+    assert runtime == yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
+
+
+def test_values_outside_the_schema_are_refused(helm: Path) -> None:
+    result = run_helm(
+        helm, "template", "dispatch", str(CHART), "--set", "replicaCount=2", check=False
+    )
+    assert result.returncode != 0
+    assert "replicaCount" in result.stderr
+
+
+@pytest.fixture
+def release(helm: Path, cluster: Any, namespace: str) -> Iterator[str]:
+    """The chart installed into the test control plane, in the test namespace."""
+    name = namespace[:40].rstrip("-")
+    run_helm(
+        helm,
+        "install",
+        name,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        *adapter_values(namespace),
+    )
+    try:
+        yield name
+    finally:
+        run_helm(
+            helm,
+            "uninstall",
+            name,
+            "--namespace",
+            namespace,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            check=False,
+        )
+
+
+async def test_installed_chart_lets_the_operator_run_jobs_as_its_service_account(
+    cluster: Any, namespace: str, release: str, kube_api: client.ApiClient, tmp_path: Path
+) -> None:
+    accounts = await client.CoreV1Api(kube_api).list_namespaced_service_account(namespace)
+    (account,) = [a.metadata.name for a in accounts.items if a.metadata.name.startswith(release)]
+    identity = cluster.kubeconfig_for(
+        f"system:serviceaccount:{namespace}:{account}",
+        ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+    )
+    scene = Scene(kube_api, namespace)
+    await scene.ensure_runtime()
+    adapter = await scene.adapter()
+    assert adapter["spec"]["namespace"] == namespace  # created by the chart
+
+    events = tmp_path / "events.jsonl"
+    async with running_operator(identity, [namespace], events):
+        await scene.ready_adapter()
+        await scene.create_job("charted")
+        await scene.job_in_state("charted", "Pending")
+        await scene.play_running("charted-1")
+        running = await scene.job_in_state("charted", "Running")
+        assert condition(running, "Running")["status"] == "True"  # type: ignore[index]
+        await scene.objects.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "dispatchjobs", "charted"
+        )
+
+        async def gone() -> bool:
+            return await scene.job("charted") is None
+
+        await eventually(gone, "the DispatchJob to be stopped and released")
+        assert await scene.trainjob("charted-1") is None
