@@ -73,6 +73,7 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 
 PROBE_PREFIX = "preflight probe: "
+MERGE_PATCH = "application/merge-patch+json"
 # Errors that leave a write's outcome open: the request may have reached the apiserver.
 TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError)
 # stop_job's read-backs start fast and slow down, so a quick stop costs few requests.
@@ -642,6 +643,7 @@ class Adapter:
                 TRAINJOBS,
                 name,
                 {"metadata": {"annotations": dict(annotations)}},
+                _content_type=MERGE_PATCH,
             )
         except ApiException as error:
             if error.status == 404:

@@ -61,6 +61,7 @@ JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 RUNTIME = RuntimeRef(kind="TrainingRuntime", name="dispatch-torch")
 PUBLISH_IMAGE = "registry.example/dispatch-publish@sha256:" + "c" * 64
 HOLD = "test.dispatch.example/hold"
+MERGE_PATCH = "application/merge-patch+json"
 
 Obj = dict[str, Any]
 
@@ -854,7 +855,12 @@ async def test_stop_job_reports_what_a_finalizer_holds(
             assert f"JobSet/held-1 (finalizers: {HOLD})" in message
         finally:
             await client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
-                *JOBSET, namespace, "jobsets", "held-1", {"metadata": {"finalizers": None}}
+                *JOBSET,
+                namespace,
+                "jobsets",
+                "held-1",
+                {"metadata": {"finalizers": None}},
+                _content_type=MERGE_PATCH,
             )
         await opened.stop_job("held")
 
@@ -932,6 +938,7 @@ async def test_readmit_and_reject_annotate_the_current_trainjob(
                     }
                 }
             },
+            _content_type=MERGE_PATCH,
         )
         await opened.readmit("gated")
         await opened.reject("gated", "dispatch gave up on this job")

@@ -1,0 +1,162 @@
+"""The adapter works with exactly the permissions the chart grants it, and those include no Secret.
+
+The adapter runs as a restricted identity bound to a ClusterRole made of the chart's
+``files/rbac-adapter.yaml`` and nothing else, on the real kube-apiserver with RBAC enforced.
+The test's own setup (runtimes, the objects controllers would make) runs as the admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from tests.cluster.controlplane import ControlPlane
+from tests.integration.test_adapter import (
+    create_runtime,
+    example_runtime,
+    kueue_stand_in,
+    make_jobset_and_pod,
+    read_trainjob,
+    settings_for,
+)
+
+from dispatch_kubeflow.adapter import Adapter, AdapterConfig
+from dispatch_kubeflow.errors import ErrNotFound
+from dispatch_kubeflow.settings import Cluster, Kueue
+from dispatch_kubeflow.trainjob import JobSpec
+
+RULES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files/rbac-adapter.yaml"
+
+
+@pytest.fixture
+async def restricted_kubeconfig(
+    cluster: ControlPlane, kube_api: client.ApiClient
+) -> AsyncIterator[Path]:
+    """A kubeconfig for a user that holds only the chart's adapter rules."""
+    user = f"dispatch-adapter-{secrets.token_hex(3)}"
+    rbac = client.RbacAuthorizationV1Api(kube_api)
+    rules = yaml.safe_load(RULES.read_text())
+    await rbac.create_cluster_role({"metadata": {"name": user}, "rules": rules})
+    await rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": user},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": user,
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+    try:
+        yield cluster.kubeconfig_for(user)
+    finally:
+        await rbac.delete_cluster_role_binding(user)
+        await rbac.delete_cluster_role(user)
+
+
+@pytest.fixture
+async def runtime(kube_api: client.ApiClient, namespace: str) -> None:
+    await create_runtime(kube_api, namespace, example_runtime())
+
+
+async def test_open_start_find_stop_job_with_the_chart_rules(
+    cluster: ControlPlane,
+    namespace: str,
+    runtime: None,
+    kube_api: client.ApiClient,
+    restricted_kubeconfig: Path,
+) -> None:
+    cluster.start_controller_manager()
+    s = settings_for(cluster, namespace, cluster=Cluster(kubeconfig=str(restricted_kubeconfig)))
+    async with await Adapter.open(AdapterConfig(settings=s)) as adapter:
+        await adapter.start(JobSpec(job_id="limited"))
+        trainjob = await read_trainjob(kube_api, namespace, "limited-1")
+        await make_jobset_and_pod(kube_api, namespace, trainjob)
+        found = await adapter.find("limited")
+        assert sorted(found.remaining()) == [
+            "JobSet/limited-1",
+            "Pod/limited-1-node-0-0",
+            "TrainJob/limited-1",
+        ]
+        await adapter.stop_job("limited")
+        with pytest.raises(ErrNotFound):
+            await adapter.find("limited")
+
+
+async def test_kueue_mode_and_the_gate_with_the_chart_rules(
+    cluster: ControlPlane,
+    namespace: str,
+    runtime: None,
+    kube_api: client.ApiClient,
+    restricted_kubeconfig: Path,
+) -> None:
+    cluster.start_controller_manager()
+    s = settings_for(
+        cluster,
+        namespace,
+        cluster=Cluster(kubeconfig=str(restricted_kubeconfig)),
+        kueue=Kueue(local_queue="lq", admission_check="gate"),
+    )
+    async with (
+        kueue_stand_in(kube_api, namespace),
+        await Adapter.open(AdapterConfig(settings=s)) as adapter,
+    ):
+        ref = await adapter.start(JobSpec(job_id="queued"))
+        assert ref.workload is not None
+        await adapter.readmit("queued")
+        await adapter.reject("queued", "no more")
+        assert (await adapter.find("queued")).current.workload is not None
+        await adapter.stop_job("queued")
+
+
+async def test_watch_starts_with_the_chart_rules(
+    cluster: ControlPlane,
+    namespace: str,
+    runtime: None,
+    restricted_kubeconfig: Path,
+) -> None:
+    s = settings_for(cluster, namespace, cluster=Cluster(kubeconfig=str(restricted_kubeconfig)))
+    async with await Adapter.open(AdapterConfig(settings=s)) as adapter:
+        await adapter.start(JobSpec(job_id="watched"))
+        stream = adapter.watch()
+        try:
+            async with asyncio.timeout(20):
+                event = await anext(stream)
+        finally:
+            await stream.aclose()
+        assert event.job == "watched"
+
+
+async def test_the_chart_rules_grant_no_secret(
+    namespace: str, kube_api: client.ApiClient, restricted_kubeconfig: Path
+) -> None:
+    await client.CoreV1Api(kube_api).create_namespaced_secret(
+        namespace, {"metadata": {"name": "s3"}, "stringData": {"key": "value"}}
+    )
+    api = await config.new_client_from_config(config_file=str(restricted_kubeconfig))
+    try:
+        core = client.CoreV1Api(api)
+        refusals: list[Any] = []
+        for call in (
+            core.read_namespaced_secret("s3", namespace),
+            core.list_namespaced_secret(namespace),
+            core.list_secret_for_all_namespaces(),
+        ):
+            with pytest.raises(ApiException) as refused:
+                await call
+            refusals.append(refused.value.status)
+        assert refusals == [403, 403, 403]
+    finally:
+        await api.close()
+    rules = yaml.safe_load(RULES.read_text())
+    assert not [
+        r for r in rules if "secrets" in r.get("resources", []) or "*" in r.get("resources", [])
+    ]
