@@ -1,0 +1,386 @@
+"""How fast watched status changes become dispatch events, and what the supervisor costs.
+
+    python3 benchmarks/watch_events.py                      # 2,000 jobs, 10,000 transitions
+    python3 benchmarks/watch_events.py --jobs 200           # smaller run
+    python3 benchmarks/watch_events.py --kubeconfig ~/.kube/config --namespace bench
+
+By default it starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no
+controllers) in a temporary folder. For each job it creates what Trainer, JobSet and Kueue would:
+a suspended TrainJob with the adapter's labels, its Workload, its JobSet and one pod. The
+supervisor runs in a child process (so its peak memory is its own) in Kueue mode; this process
+then plays the controllers and writes five status transitions per job, each of which gives
+exactly one event: Workload admitted (Admitted), pod running (Running), JobSet restarted
+(Restarted), Workload preempted (Evicted), TrainJob complete (Finished).
+
+Printed: event latency from just before the write is sent to the moment the supervisor yields
+the event (p50, p99, max), the supervisor's API requests per job (its LISTs, WATCHes and record
+saves), and its peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import resource
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kubernetes_asyncio import client, config  # noqa: E402
+
+from dispatch_kubeflow import constants  # noqa: E402
+from dispatch_kubeflow.settings import AdmissionLease, Kueue, RuntimeRef, Settings  # noqa: E402
+
+MERGE = "application/merge-patch+json"
+ADAPTER = "bench"
+TRANSITIONS = ("Admitted", "Running", "Restarted", "Evicted", "Finished")
+
+
+@contextmanager
+def control_plane(kubeconfig: Path | None) -> Iterator[Path]:
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    from tests.cluster import binaries
+    from tests.cluster.controlplane import ControlPlane
+
+    binaries.build()
+    with tempfile.TemporaryDirectory(prefix="bench-control-plane-") as run_dir:
+        plane = ControlPlane(Path(run_dir))
+        plane.start()
+        try:
+            yield plane.kubeconfig
+        finally:
+            plane.stop()
+
+
+def settings_for(namespace: str) -> Settings:
+    return Settings(
+        namespace=namespace,
+        probe_runtime=RuntimeRef(kind="ClusterTrainingRuntime", name="torch-distributed"),
+        kueue=Kueue(
+            local_queue="bench",
+            admission_lease=AdmissionLease(namespace=namespace, name="dispatch-admission"),
+        ),
+    )
+
+
+# --- the supervisor, in its own process --------------------------------------------------------
+
+
+def supervise(kubeconfig: str, namespace: str, out: Any, stop: Any) -> None:
+    asyncio.run(_supervise(kubeconfig, namespace, out, stop))
+
+
+async def _supervise(kubeconfig: str, namespace: str, out: Any, stop: Any) -> None:
+    from dispatch_kubeflow.watching import Supervisor
+
+    api = await config.new_client_from_config(config_file=kubeconfig)
+    supervisor = Supervisor(api, settings_for(namespace), ADAPTER)
+    stream = supervisor.events()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    threading.Thread(target=lambda: (stop.wait(), loop.call_soon_threadsafe(stopping.set))).start()
+
+    async def consume() -> None:
+        async for event in stream:
+            out.put((event.job, event.type.value, time.time()))
+
+    task = asyncio.create_task(consume())
+    await stopping.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    out.put(("__done__", supervisor.requests(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+    await api.close()
+
+
+# --- the controllers, played here ---------------------------------------------------------------
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cond(type_: str, reason: str, at: datetime | None = None) -> dict[str, Any]:
+    when = (at or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": type_,
+        "status": "True",
+        "reason": reason,
+        "message": reason,
+        "lastTransitionTime": when,
+    }
+
+
+class Cluster:
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    def labels(self, job: str) -> dict[str, str]:
+        return {
+            constants.LABEL_ADAPTER: ADAPTER,
+            constants.LABEL_JOB: job,
+            constants.LABEL_ATTEMPT: "1",
+        }
+
+    def where(self, group: str, version: str, plural: str) -> dict[str, str]:
+        return {"group": group, "version": version, "namespace": self.ns, "plural": plural}
+
+    async def create_job(self, job: str) -> None:
+        tj_where = self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs")
+        pod_spec = {"restartPolicy": "Never", "containers": [{"name": "node", "image": "x:1"}]}
+        tj = await self.custom.create_namespaced_custom_object(
+            body={
+                "apiVersion": f"{constants.TRAINER_GROUP}/{constants.TRAINER_VERSION}",
+                "kind": "TrainJob",
+                "metadata": {"name": f"{job}-1", "labels": self.labels(job)},
+                "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True},
+            },
+            **tj_where,
+        )
+        meta = tj["metadata"]
+        await self.custom.create_namespaced_custom_object(
+            body={
+                "apiVersion": f"{constants.KUEUE_GROUP}/{constants.KUEUE_VERSION}",
+                "kind": "Workload",
+                "metadata": {
+                    "name": f"trainjob-{job}-1-abcde",
+                    "labels": {constants.LABEL_KUEUE_JOB_UID: meta["uid"]},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": tj["apiVersion"],
+                            "kind": "TrainJob",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "queueName": "bench",
+                    "podSets": [{"name": "node", "count": 1, "template": {"spec": pod_spec}}],
+                },
+            },
+            **self.where(constants.KUEUE_GROUP, constants.KUEUE_VERSION, "workloads"),
+        )
+        await self.custom.create_namespaced_custom_object(
+            body={
+                "apiVersion": f"{constants.JOBSET_GROUP}/{constants.JOBSET_VERSION}",
+                "kind": "JobSet",
+                "metadata": {"name": f"{job}-1", "labels": self.labels(job)},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "replicas": 1,
+                            "template": {"spec": {"template": {"spec": pod_spec}}},
+                        }
+                    ]
+                },
+            },
+            **self.where(constants.JOBSET_GROUP, constants.JOBSET_VERSION, "jobsets"),
+        )
+        await self.core.create_namespaced_pod(
+            self.ns,
+            {
+                "metadata": {
+                    "name": f"{job}-1-node-0-0",
+                    "labels": {**self.labels(job), constants.LABEL_RESTART_ATTEMPT: "0"},
+                },
+                "spec": pod_spec,
+            },
+        )
+
+    async def _status(self, where: dict[str, str], name: str, status: dict[str, Any]) -> None:
+        patch: Callable[..., Awaitable[Any]] = self.custom.patch_namespaced_custom_object_status
+        await patch(name=name, body={"status": status}, _content_type=MERGE, **where)
+
+    async def transition(self, job: str, step: str, admitted_at: datetime) -> None:
+        wl_where = self.where(constants.KUEUE_GROUP, constants.KUEUE_VERSION, "workloads")
+        workload = f"trainjob-{job}-1-abcde"
+        if step == "Admitted":
+            await self._status(
+                wl_where, workload, {"conditions": [cond("Admitted", "Admitted", admitted_at)]}
+            )
+        elif step == "Running":
+            container = {
+                "name": "node",
+                "image": "x:1",
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now()}},
+            }
+            await self.core.patch_namespaced_pod_status(
+                f"{job}-1-node-0-0",
+                self.ns,
+                {"status": {"phase": "Running", "containerStatuses": [container]}},
+            )
+        elif step == "Restarted":
+            where = self.where(constants.JOBSET_GROUP, constants.JOBSET_VERSION, "jobsets")
+            await self._status(where, f"{job}-1", {"restarts": 1})
+        elif step == "Evicted":
+            await self._status(
+                wl_where,
+                workload,
+                {
+                    "conditions": [
+                        cond("Admitted", "Admitted", admitted_at),
+                        cond("Evicted", "Preempted", admitted_at + timedelta(seconds=1)),
+                    ]
+                },
+            )
+        elif step == "Finished":
+            where = self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs")
+            await self._status(
+                where, f"{job}-1", {"conditions": [cond("Complete", "AllJobsCompleted")]}
+            )
+
+
+class Events:
+    """Drains the child's event queue in a thread, keeping the first arrival of each event."""
+
+    def __init__(self, queue: Any) -> None:
+        self.arrived: dict[tuple[str, str], float] = {}
+        self.duplicates = 0
+        self.final: tuple[int, int] | None = None
+        self._queue = queue
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            job, type_, at = self._queue.get()
+            if job == "__done__":
+                self.final = (type_, at)
+                return
+            if (job, type_) in self.arrived:
+                self.duplicates += 1
+            else:
+                self.arrived[(job, type_)] = at
+
+    async def wait(self, keys: list[tuple[str, str]], limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while any(k not in self.arrived for k in keys):
+            if time.monotonic() > deadline:
+                missing = [k for k in keys if k not in self.arrived]
+                raise TimeoutError(f"{len(missing)} events missing, e.g. {missing[:3]}")
+            await asyncio.sleep(0.1)
+
+    def join(self) -> None:
+        self._thread.join(timeout=60)
+
+
+async def drive(
+    kubeconfig: Path, namespace: str, jobs: int, concurrency: int, events: Events
+) -> dict[str, Any]:
+    api = await config.new_client_from_config(config_file=str(kubeconfig))
+    cluster = Cluster(api, namespace)
+    names = [f"job{i:05d}" for i in range(jobs)]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def create(job: str) -> None:
+        async with gate:
+            await cluster.create_job(job)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(create(job) for job in names))
+    created = time.perf_counter() - began
+    await events.wait([(job, "Submitted") for job in names], limit=600)
+
+    admitted_at = datetime.now(UTC).replace(microsecond=0)
+    written: dict[tuple[str, str], float] = {}
+
+    async def step(job: str, type_: str) -> None:
+        async with gate:
+            written[(job, type_)] = time.time()
+            await cluster.transition(job, type_, admitted_at)
+
+    began = time.perf_counter()
+    for type_ in TRANSITIONS:
+        await asyncio.gather(*(step(job, type_) for job in names))
+        await events.wait([(job, type_) for job in names], limit=600)
+    driven = time.perf_counter() - began
+    await api.close()
+
+    latencies = sorted(events.arrived[key] - at for key, at in written.items())
+    return {
+        "jobs": jobs,
+        "transitions": len(written),
+        "create_seconds": round(created, 1),
+        "transition_seconds": round(driven, 1),
+        "latency_ms": {
+            "p50": round(1000 * statistics.median(latencies), 1),
+            "p99": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
+            "max": round(1000 * latencies[-1], 1),
+        },
+    }
+
+
+async def prepare(kubeconfig: Path, namespace: str) -> None:
+    api = await config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        await client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    finally:
+        await api.close()
+
+
+async def cleanup(kubeconfig: Path, namespace: str) -> None:
+    api = await config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        await client.CoreV1Api(api).delete_namespace(namespace)
+    finally:
+        await api.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16, help="writes in flight")
+    parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (default: start one)")
+    parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
+    args = parser.parse_args()
+    context = multiprocessing.get_context("spawn")
+    with control_plane(args.kubeconfig) as kubeconfig:
+        asyncio.run(prepare(kubeconfig, args.namespace))
+        queue, stop = context.Queue(), context.Event()
+        child = context.Process(
+            target=supervise, args=(str(kubeconfig), args.namespace, queue, stop)
+        )
+        child.start()
+        events = Events(queue)
+        try:
+            result = asyncio.run(
+                drive(kubeconfig, args.namespace, args.jobs, args.concurrency, events)
+            )
+        finally:
+            stop.set()
+            events.join()
+            child.join(timeout=60)
+            asyncio.run(cleanup(kubeconfig, args.namespace))
+    assert events.final is not None, "the supervisor did not report its figures"
+    requests, peak_kib = events.final
+    result["supervisor_requests_per_job"] = round(requests / args.jobs, 2)
+    result["supervisor_peak_rss_mib"] = round(peak_kib / 1024, 1)
+    result["duplicate_events"] = events.duplicates
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
