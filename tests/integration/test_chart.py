@@ -207,3 +207,41 @@ async def test_installed_chart_lets_the_operator_run_jobs_as_its_service_account
 
         await eventually(gone, "the DispatchJob to be stopped and released")
         assert await scene.trainjob("charted-1") is None
+
+
+def test_dispatch_admission_renders_with_its_own_identity_and_the_adapters_settings(
+    helm: Path,
+) -> None:
+    spec = {
+        "namespace": "team-a",
+        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
+        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
+    }
+    docs = render(
+        helm, "--set", "admission.enabled=true", "--set-json", f"adapter.spec={json.dumps(spec)}"
+    )
+    settings = json.loads(one(docs, "ConfigMap")["data"]["settings.json"])
+    assert settings == spec
+    roles = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "ClusterRole"}
+    admission_role = roles["dispatch-dispatch-kubeflow-admission"]
+    assert admission_role["rules"] == yaml.safe_load(
+        (CHART / "files" / "rbac-admission.yaml").read_text()
+    )
+    deployments = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Deployment"}
+    pod = deployments["dispatch-dispatch-kubeflow-admission"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "dispatch-dispatch-kubeflow-admission"
+    assert pod["containers"][0]["command"] == ["python", "-m", "dispatch_kubeflow.admission"]
+
+    refused = run_helm(
+        helm,
+        "template",
+        "dispatch",
+        str(CHART),
+        "--set",
+        "admission.enabled=true",
+        "--set-json",
+        'adapter.spec={"namespace": "team-a"}',
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "adapter.spec.kueue is required" in refused.stderr
