@@ -165,14 +165,14 @@ def test_event_message_names_attempt_state_and_cause() -> None:
     assert message == "attempt 2: Failed (OutOfMemory): OOMKilled"
 
 
-def test_a_new_generation_ends_the_running_session() -> None:
+async def test_a_new_generation_ends_the_running_session() -> None:
     changed = kopf.Memo()
     flag = asyncio.Event()
     changed.spec_changed = flag
     changed.serving_generation = 1
-    notice_spec_change(body=kopf.Body({"metadata": {"generation": 1}}), memo=changed)
+    await notice_spec_change(body=kopf.Body({"metadata": {"generation": 1}}), memo=changed)
     assert not flag.is_set()
-    notice_spec_change(body=kopf.Body({"metadata": {"generation": 2}}), memo=changed)
+    await notice_spec_change(body=kopf.Body({"metadata": {"generation": 2}}), memo=changed)
     assert flag.is_set()
 
 

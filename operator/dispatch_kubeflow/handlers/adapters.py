@@ -326,8 +326,11 @@ async def serve_adapter(
 
 
 @kopf.on.event(GROUP, VERSION, KUBEFLOW_ADAPTERS)
-def notice_spec_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """End the running session when the spec's generation moves on."""
+async def notice_spec_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """End the running session when the spec's generation moves on.
+
+    Async on purpose: kopf runs sync handlers in a thread, and asyncio.Event is not thread-safe.
+    """
     serving = memo.get("serving_generation")
     changed = memo.get("spec_changed")
     generation = body.get("metadata", {}).get("generation")
