@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
@@ -74,6 +74,7 @@ T = TypeVar("T")
 
 PROBE_PREFIX = "preflight probe: "
 MERGE_PATCH = "application/merge-patch+json"
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # Errors that leave a write's outcome open: the request may have reached the apiserver.
 TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError)
 # stop_job's read-backs start fast and slow down, so a quick stop costs few requests.
@@ -165,8 +166,11 @@ class Adapter:
     async def open(cls, config: AdapterConfig) -> Adapter:
         """Parse, connect, probe. ``ErrInvalid`` for bad settings, ``ErrUnsupported`` else."""
         settings = _settings_of(config.settings)
-        if not RFC1035_LABEL.match(config.adapter_name) or len(config.adapter_name) > 63:
-            raise ErrInvalid(f"adapter name {config.adapter_name!r} is not a valid label value")
+        if not LABEL_VALUE.match(config.adapter_name) or len(config.adapter_name) > 63:
+            raise ErrInvalid(
+                f"adapter name {config.adapter_name!r} is not a label value (at most 63 "
+                "letters, digits, '-', '_' or '.', beginning and ending with a letter or digit)"
+            )
         api = await connect(
             settings.cluster, token=config.token, request_timeout=settings.timeouts.request
         )
@@ -372,40 +376,48 @@ class Adapter:
         )
 
     async def _watch_for_workload(self, uid: str, within: timedelta) -> Obj | None:
+        """List, then watch from the list's version, until the Workload shows or time is up."""
         selector = f"{LABEL_KUEUE_JOB_UID}={uid}"
-        deadline = asyncio.get_running_loop().time() + within.total_seconds()
-        listed = await self._custom.list_namespaced_custom_object(
-            KUEUE_GROUP, KUEUE_VERSION, self.settings.namespace, WORKLOADS, label_selector=selector
-        )
-        if listed["items"]:
-            item: Obj = listed["items"][0]
-            return item
-        version = listed["metadata"]["resourceVersion"]
-        while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
-            watch = Watch()
-            try:
-                async with asyncio.timeout(remaining):
-                    async for event in watch.stream(
-                        self._custom.list_namespaced_custom_object,
-                        KUEUE_GROUP,
-                        KUEUE_VERSION,
-                        self.settings.namespace,
-                        WORKLOADS,
-                        label_selector=selector or "",
-                        resource_version=version,
-                        allow_watch_bookmarks=True,
-                        timeout_seconds=max(1, int(remaining)),
-                    ):
-                        obj = event["object"]
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            found: Obj = obj
-                            return found
-                        version = obj["metadata"]["resourceVersion"]
-            except TimeoutError:
-                return None
-            finally:
-                watch.stop()
-                await watch.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within.total_seconds()
+        try:
+            while (remaining := deadline - loop.time()) > 0:
+                listed = await self._custom.list_namespaced_custom_object(
+                    KUEUE_GROUP,
+                    KUEUE_VERSION,
+                    self.settings.namespace,
+                    WORKLOADS,
+                    label_selector=selector,
+                )
+                if listed["items"]:
+                    found: Obj = listed["items"][0]
+                    return found
+                watch = Watch()
+                try:
+                    async with asyncio.timeout(remaining):
+                        async for event in watch.stream(
+                            self._custom.list_namespaced_custom_object,
+                            KUEUE_GROUP,
+                            KUEUE_VERSION,
+                            self.settings.namespace,
+                            WORKLOADS,
+                            label_selector=selector,
+                            resource_version=listed["metadata"]["resourceVersion"],
+                            timeout_seconds=max(1, int(remaining)),
+                        ):
+                            if event["type"] in ("ADDED", "MODIFIED"):
+                                added: Obj = event["object"]
+                                return added
+                except ApiException as error:
+                    if error.status != 410:  # 410 Gone: the list is too old; list again
+                        raise
+                finally:
+                    watch.stop()
+                    await watch.close()
+        except TimeoutError:
+            return None
+        except ApiException as error:
+            raise _api_error("waiting for the Kueue Workload", error) from None
         return None
 
     async def _why_no_workload(self) -> str:
@@ -635,8 +647,10 @@ class Adapter:
 
     async def _annotate(self, trainjob: Obj, annotations: Mapping[str, str]) -> None:
         name = trainjob["metadata"]["name"]
+        # The typed stub omits _content_type; without it a dict body goes out as a JSON patch.
+        patch: Callable[..., Awaitable[Any]] = self._custom.patch_namespaced_custom_object
         try:
-            await self._custom.patch_namespaced_custom_object(
+            await patch(
                 TRAINER_GROUP,
                 TRAINER_VERSION,
                 self.settings.namespace,
