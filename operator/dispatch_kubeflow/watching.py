@@ -611,8 +611,11 @@ class Supervisor:
         )
         self._reporter = Reporter(self._store)
         self._loss_taints = loss_taints_of(settings)
-        self._stopped: set[str] = set()
+        # job -> UIDs of its TrainJobs when stop_job was called: a TrainJob created later (the
+        # same job id used again) is not stopped.
+        self._stopped: dict[str, set[str]] = {}
         self._finished: set[JobKey] = set()
+        self._uids: dict[JobKey, str] = {}
         self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
         self.informers: list[Informer] = []
         self._heartbeat: LeaseHeartbeat | None = None
@@ -629,8 +632,28 @@ class Supervisor:
 
     def note_stopped(self, job: str) -> None:
         """stop_job was called for ``job``: its attempts end as Stopped, not Vanished."""
-        self._stopped.add(job)
+        uids = {uid for key, uid in self._uids.items() if key[0] == job}
+        self._stopped.setdefault(job, set()).update(uids)
         self._queue.put_nowait(StopNoted(job))
+
+    def _is_stopped(self, key: JobKey) -> bool:
+        uids = self._stopped.get(key[0])
+        if uids is None:
+            return False
+        train_job = self._index.train_jobs.get(key)
+        return train_job is None or str(_meta(train_job, "uid") or "") in uids
+
+    def _note_train_job(self, change: Change) -> None:
+        """A TrainJob with a new UID for a known (job, attempt) is a new job: forget the old."""
+        key = job_key(change.obj)
+        uid = str(_meta(change.obj, "uid") or "")
+        if key is None or not uid or change.type == "DELETED":
+            return
+        previous = self._uids.get(key)
+        self._uids[key] = uid
+        if previous is not None and previous != uid:
+            self._finished.discard(key)
+            self._reporter.forget(*key)
 
     def _selector(self) -> str:
         return f"{LABEL_ADAPTER}={self.adapter_name}"
@@ -744,6 +767,8 @@ class Supervisor:
                         yield event
                     continue
                 else:
+                    if item.kind == KIND_TRAINJOB:
+                        self._note_train_job(item)
                     dirty |= self._index.apply(item)
                 unflushed += 1
                 if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
@@ -783,7 +808,7 @@ class Supervisor:
         if key in self._finished:
             self._forget_if_gone(key)
             return []
-        obs = self._index.observation(key, stopped=key[0] in self._stopped)
+        obs = self._index.observation(key, stopped=self._is_stopped(key))
         status = derive(obs, loss_taints=self._loss_taints)
         train_job = self._index.train_jobs.get(key)
         try:

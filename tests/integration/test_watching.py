@@ -960,3 +960,25 @@ async def test_an_adapter_restarted_between_two_transitions_reports_each_once(
         assert third.of("ex") == []
     finally:
         await third.stop()
+
+
+async def test_a_job_id_used_again_after_a_stop_is_a_new_job(
+    world: World, watcher: Watcher
+) -> None:
+    await world.trainjob("again")
+    await watcher.wait_event("again", EventType.SUBMITTED)
+    watcher.supervisor.note_stopped("again")
+    await world.delete_trainjob("again")
+    await watcher.wait_event("again", EventType.FINISHED)
+    await world.trainjob("again")
+    await watcher.wait_until(
+        lambda: watcher.of("again").count(EventType.SUBMITTED) == 2, "resubmission"
+    )
+    await watcher.settle(world, "barrier")
+    assert watcher.of("again") == [
+        EventType.SUBMITTED,
+        EventType.ADMITTED,
+        EventType.FINISHED,
+        EventType.SUBMITTED,
+        EventType.ADMITTED,
+    ]
