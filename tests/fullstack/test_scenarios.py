@@ -118,10 +118,7 @@ async def test_preempted_job_waits_at_the_gate_and_is_readmitted(
     try:
         async with (
             open_adapter(low_settings, "low") as (low, low_log),
-            open_adapter(_kueue(cluster, namespace, "high", gated=True), "high") as (
-                high,
-                high_log,
-            ),
+            open_adapter(high_settings, "high") as (high, high_log),
         ):
             await low.start(job("low", outcome="hang", num_nodes=2, gpus_per_node=4))
             await low_log.wait_for(
