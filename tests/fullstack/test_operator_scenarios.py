@@ -1,0 +1,153 @@
+"""End to end through the operator: DispatchJobs in, the real controllers underneath.
+
+The operator (kopf, in this event loop, with the project's handlers) serves a KubeflowAdapter
+and its DispatchJobs; Trainer, JobSet, Kueue, kube-scheduler and KWOK do the rest. The test only
+creates the two custom resources and reads the DispatchJob's status back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+import dispatch_kubeflow.handlers  # noqa: F401  (registers the handlers)
+from dispatch_kubeflow.constants import GROUP, VERSION
+from dispatch_kubeflow.handlers.registry import EventLines
+from dispatch_kubeflow.publish import encode
+from tests.cluster.controlplane import ControlPlane
+from tests.cluster.fullstack.stack import EXAMPLE_RUNTIME_NAME, FullStack
+
+START_TIMEOUT = 60.0
+JOB_TIMEOUT = 120.0
+ADAPTER = "adapter"
+
+
+@contextlib.contextmanager
+def _kubeconfig(path: Path) -> Iterator[None]:
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = before
+
+
+@contextlib.asynccontextmanager
+async def _operator(kubeconfig: Path, namespace: str, events: Path) -> AsyncIterator[None]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    lines = EventLines(str(events))
+    with _kubeconfig(kubeconfig):
+        task = asyncio.create_task(
+            kopf.operator(
+                standalone=True,
+                namespaces=[namespace],
+                stop_flag=stop,
+                ready_flag=ready,
+                memo=kopf.Memo(event_lines=lines),
+            )
+        )
+        try:
+            await asyncio.wait_for(ready.wait(), START_TIMEOUT)
+            yield
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, START_TIMEOUT)
+            lines.close()
+
+
+async def _status_when(
+    objects: client.CustomObjectsApi, namespace: str, name: str, state: str
+) -> dict[str, Any]:
+    deadline = time.monotonic() + JOB_TIMEOUT
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ApiException):
+            body = await objects.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "dispatchjobs", name
+            )
+            last = body.get("status") or {}
+            if last.get("state") == state:
+                return last
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"DispatchJob {name} not {state} within {JOB_TIMEOUT:.0f} s: {last}")
+
+
+async def _create(
+    objects: client.CustomObjectsApi, namespace: str, plural: str, body: dict[str, Any]
+) -> None:
+    await objects.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+
+
+async def test_dispatch_job_succeeds_and_fails_through_the_operator(
+    fullstack: FullStack,
+    cluster: ControlPlane,
+    namespace: str,
+    kube_api: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    objects = client.CustomObjectsApi(kube_api)
+    result = '{"accuracy": 0.93}'
+    adapter = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "KubeflowAdapter",
+        "metadata": {"name": ADAPTER},
+        "spec": {
+            "namespace": namespace,
+            "runtimes": [{"kind": "ClusterTrainingRuntime", "name": EXAMPLE_RUNTIME_NAME}],
+        },
+    }
+
+    def dispatch_job(name: str, env: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "DispatchJob",
+            "metadata": {"name": name},
+            "spec": {
+                "adapter": ADAPTER,
+                "attempt": 1,
+                "numNodes": 2,
+                "gpusPerNode": 1,
+                "env": [{"name": k, "value": v} for k, v in env.items()],
+            },
+        }
+
+    async with _operator(cluster.kubeconfig, namespace, tmp_path / "events.jsonl"):
+        await _create(objects, namespace, "kubeflowadapters", adapter)
+        await _create(
+            objects,
+            namespace,
+            "dispatchjobs",
+            dispatch_job("good", {"SIM_MESSAGE": encode(result).decode()}),
+        )
+        await _create(
+            objects,
+            namespace,
+            "dispatchjobs",
+            dispatch_job("bad", {"SIM_OUTCOME": "fail", "SIM_EXIT_CODE": "2"}),
+        )
+        good = await _status_when(objects, namespace, "good", "Succeeded")
+        bad = await _status_when(objects, namespace, "bad", "Failed")
+
+    assert good.get("cause") is None
+    finished = [e for e in good["events"] if e["type"] == "Finished"]
+    assert len(finished) == 1
+    assert finished[0].get("result") == {"accuracy": 0.93}
+    assert bad["cause"] == "ProgramError"
+    for status in (good, bad):
+        keys = [
+            (e["type"], e.get("state"), e.get("cause"), e.get("reason")) for e in status["events"]
+        ]
+        assert all(count == 1 for count in Counter(keys).values()), keys
