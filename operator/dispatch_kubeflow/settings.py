@@ -25,6 +25,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -428,6 +429,7 @@ class Declarations(_Frozen):
 
 
 _NO_PROBE_RUNTIME: Final = object()
+_DOCUMENT: Final = "settings document"  # validation context: keys are aliases only
 
 
 def _require_probe_runtime(value: object) -> object:
@@ -459,8 +461,12 @@ class Settings(_Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_probe_runtime(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping) or "probeRuntime" in data or "probe_runtime" in data:
+    def _default_probe_runtime(cls, data: Any, info: ValidationInfo) -> Any:
+        # A document names keys by alias only; Python code may use the field name.
+        names = (
+            ("probeRuntime",) if info.context == _DOCUMENT else ("probeRuntime", "probe_runtime")
+        )
+        if not isinstance(data, Mapping) or any(name in data for name in names):
             return data
         runtimes = data.get("runtimes", ())
         if isinstance(runtimes, list | tuple):
@@ -647,7 +653,7 @@ def parse_settings_object(document: Any, *, pointer: str = "") -> Settings:
         plain = plain_document(document)
         if not isinstance(plain, dict):
             raise InvalidSettings("", f"must be an object, not {_json_type(document)}")
-        return Settings.model_validate(plain, by_alias=True, by_name=False)
+        return Settings.model_validate(plain, by_alias=True, by_name=False, context=_DOCUMENT)
     except InvalidSettings as exc:
         raise exc.under(pointer) from None
     except ValidationError as exc:
