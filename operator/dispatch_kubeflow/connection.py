@@ -7,11 +7,13 @@ bearer token given to the adapter replaces whatever credentials the kubeconfig c
 certificates, basic auth, exec plugins are not used at all).
 
 The client counts its requests and bounds every non-streaming one by ``timeouts.request``;
-watches are bounded by their own ``timeoutSeconds`` instead.
+watches are bounded by their own ``timeoutSeconds`` instead. Like client-go, it sends a request
+again when the apiserver answers 429 (it did not act on it), after ``Retry-After``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -20,6 +22,7 @@ from typing import Any
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.config.incluster_config import (
     SERVICE_HOST_ENV_NAME,
@@ -37,6 +40,8 @@ from dispatch_kubeflow.errors import ErrUnsupported
 from dispatch_kubeflow.settings import Cluster
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
+TOO_MANY_REQUESTS_RETRIES = 5
+LONGEST_RETRY_AFTER = 2.0
 
 
 class ApiClientWithTimeouts(ApiClient):
@@ -58,19 +63,37 @@ class ApiClientWithTimeouts(ApiClient):
         _preload_content: bool = True,
         _request_timeout: Any = None,
     ) -> Any:
-        self.requests += 1
         if _request_timeout is None and not _is_watch(query_params):
             _request_timeout = aiohttp.ClientTimeout(total=self.request_timeout)
-        return await super().request(
-            method,
-            url,
-            query_params=query_params,
-            headers=headers,
-            post_params=post_params,
-            body=body,
-            _preload_content=_preload_content,
-            _request_timeout=_request_timeout,
-        )
+        for retry in range(TOO_MANY_REQUESTS_RETRIES + 1):
+            self.requests += 1
+            try:
+                return await super().request(
+                    method,
+                    url,
+                    query_params=query_params,
+                    headers=headers,
+                    post_params=post_params,
+                    body=body,
+                    _preload_content=_preload_content,
+                    _request_timeout=_request_timeout,
+                )
+            except ApiException as error:
+                # 429 means the apiserver did not act on the request (priority and fairness,
+                # or storage still initialising): safe to send again, as client-go does.
+                if error.status != 429 or retry == TOO_MANY_REQUESTS_RETRIES:
+                    raise
+                await asyncio.sleep(_retry_after(error))
+        raise AssertionError("unreachable")
+
+
+def _retry_after(error: ApiException) -> float:
+    try:
+        headers: Any = error.headers or {}
+        seconds = float(headers.get("Retry-After", 1))
+    except (TypeError, ValueError):
+        seconds = 1.0
+    return min(max(seconds, 0.1), LONGEST_RETRY_AFTER)
 
 
 def _is_watch(query_params: Sequence[tuple[str, Any]] | None) -> bool:
