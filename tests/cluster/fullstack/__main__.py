@@ -21,7 +21,7 @@ DEFAULT_RUN_DIR = binaries.CACHE_ROOT / "run"
 
 
 def _build(args: argparse.Namespace) -> int:
-    print(build.build(force=args.force))
+    print(build.build(force=args.force, only=tuple(args.only)))
     return 0
 
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "build", help="build (or reuse) the binaries; print their folder"
     )
     build_command.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build_command.add_argument("only", nargs="*", help="build only these binaries")
     build_command.set_defaults(run=_build)
     commands.add_parser(
         "up", help="start control plane + full stack in the background"

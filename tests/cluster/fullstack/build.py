@@ -153,11 +153,12 @@ def _go() -> str:
     return go
 
 
-def build(force: bool = False, log: bool = True) -> Path:
+def build(force: bool = False, log: bool = True, only: tuple[str, ...] = ()) -> Path:
     """Build every missing binary into the cache folder and return the folder.
 
     Each binary is moved into place as soon as it is built, so an interrupted build keeps what
     it finished. `build-times.json` there records how long each took and how big it is.
+    `only` limits the build to the named binaries.
     """
     target = binary_dir()
     target.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,7 @@ def build(force: bool = False, log: bool = True) -> Path:
     env = dict(os.environ, CGO_ENABLED="0")
     for item in COMPONENTS:
         final = target / item.name
-        if final.is_file() and not force:
+        if (final.is_file() and not force) or (only and item.name not in only):
             continue
         if log:
             print(

@@ -539,6 +539,8 @@ class FullStack:
                 f"--manage-nodes-with-label-selector={HEARTBEAT_LABEL}=on",
                 f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
                 f"--server-address=127.0.0.1:{ports.health}",
+                # KWOK hands out pod IPs from this range; its default /24 runs out under load.
+                "--cidr=10.64.0.0/16",
             ],
         )
         self._wait_ready(
