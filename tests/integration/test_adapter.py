@@ -70,10 +70,10 @@ Obj = dict[str, Any]
 # Helpers
 
 
-def settings_for(cluster: ControlPlane, namespace: str, **changes: Any) -> Settings:
+def settings_for(plane: ControlPlane, namespace: str, **changes: Any) -> Settings:
     values: dict[str, Any] = {
         "namespace": namespace,
-        "cluster": Cluster(kubeconfig=str(cluster.kubeconfig)),
+        "cluster": Cluster(kubeconfig=str(plane.kubeconfig)),
         "runtimes": (RUNTIME,),
         "probe_runtime": RUNTIME,
         "timeouts": Timeouts(workload=timedelta(seconds=5), stop_job=timedelta(seconds=20)),
