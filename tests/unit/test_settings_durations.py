@@ -11,7 +11,7 @@ import pickle
 from datetime import timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatch_kubeflow.gotime import (
@@ -146,6 +146,7 @@ def test_format_timedelta() -> None:
     assert format_duration(timedelta(microseconds=1500)) == "1.5ms"
 
 
+@settings(deadline=None)
 @given(st.integers(min_value=MIN, max_value=MAX))
 def test_format_then_parse_is_the_same_duration(value: int) -> None:
     assert parse_duration_ns(format_duration(value)) == value
