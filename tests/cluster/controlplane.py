@@ -1,0 +1,511 @@
+"""Start and stop a real etcd + kube-apiserver (+ kube-controller-manager) on loopback.
+
+The flags follow controller-runtime's envtest: an own CA for serving and client certificates,
+RBAC authorization, a service-account signing key, an admin client certificate in
+system:masters, etcd without fsync, every process on a free 127.0.0.1 port and every byte of
+state in one run folder. The pytest fixture and `python -m tests.cluster up` both use this class.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster import binaries, crds
+from tests.cluster.pki import CertificateAuthority, KeyPair, service_account_key_pem
+
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+POLL_INTERVAL = 0.1
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+CLUSTER_NAME = "dispatch-kubeflow-test"
+ADMIN_USER = "admin"
+
+
+class ControlPlaneError(RuntimeError):
+    """A control-plane process did not start or stop as it should."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as gone.
+    with contextlib.suppress(OSError):
+        status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return status != "Z"
+    return True
+
+
+def _stop_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM a process group, then SIGKILL it if it has not gone after `timeout` seconds."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not process_alive(pid):
+                return
+            time.sleep(POLL_INTERVAL)
+    raise ControlPlaneError(f"process group {pid} survived SIGKILL")
+
+
+class ControlPlane:
+    """One etcd, one kube-apiserver and optionally one kube-controller-manager.
+
+    All state lives under `run_dir`: `state.json` (ports and process ids, so another process
+    can stop a control plane started in the background), `pki/`, `etcd/`, `logs/`, the admin
+    kubeconfig and the kubeconfigs minted for restricted identities in `users/`.
+    """
+
+    def __init__(self, run_dir: Path, bin_dir: Path | None = None) -> None:
+        self.run_dir = run_dir.resolve()
+        self.bin_dir = bin_dir or binaries.binary_dir()
+        self.etcd_port = 0
+        self.etcd_peer_port = 0
+        self.apiserver_port = 0
+        self.controller_manager_port = 0
+        self.pids: dict[str, int] = {}
+        # List URLs of the installed custom resources, probed after every apiserver start.
+        self.custom_resource_paths: list[str] = []
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- paths and addresses ------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.run_dir / "admin.kubeconfig"
+
+    @property
+    def _pki(self) -> Path:
+        return self.run_dir / "pki"
+
+    @property
+    def _state_file(self) -> Path:
+        return self.run_dir / "state.json"
+
+    def log_file(self, name: str) -> Path:
+        return self.run_dir / "logs" / f"{name}.log"
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self, with_controller_manager: bool = False, install_crds: bool = True) -> None:
+        """Start etcd and kube-apiserver, wait until ready, install the CRDs."""
+        for name in binaries.PACKAGES:
+            if not (self.bin_dir / name).is_file():
+                raise ControlPlaneError(
+                    f"{self.bin_dir / name} is missing: run `python -m tests.cluster build`"
+                )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self._write_pki()
+        self.etcd_port, self.etcd_peer_port = free_port(), free_port()
+        self.apiserver_port = free_port()
+        try:
+            self._start_etcd()
+            self.start_apiserver()
+            self._write_kubeconfig(self.kubeconfig, ADMIN_USER, ["system:masters"])
+            self._wait_for_default_namespace()
+            if install_crds:
+                self.install_crds()
+            if with_controller_manager:
+                self.start_controller_manager()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop every process this control plane started (controller-manager first)."""
+        errors = []
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            try:
+                self._stop_process(name)
+            except ControlPlaneError as error:
+                errors.append(str(error))
+        if errors:
+            raise ControlPlaneError("; ".join(errors))
+
+    def stop_apiserver(self) -> None:
+        self._stop_process("kube-apiserver")
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver on its port (the same one after a stop) and wait for /readyz."""
+        if self._running("kube-apiserver"):
+            return
+        self._spawn("kube-apiserver", self._apiserver_args())
+        self._wait_ready(
+            "kube-apiserver",
+            lambda: self._https_get(f"{self.server}/readyz") == 200,
+        )
+        self._wait_for_custom_resources()
+
+    def restart_apiserver(self) -> None:
+        """Stop and start kube-apiserver; etcd and therefore all data stay."""
+        self.stop_apiserver()
+        self.start_apiserver()
+
+    def start_controller_manager(self) -> None:
+        """Start kube-controller-manager (garbage collector, Job, node lifecycle...); idempotent."""
+        if self._running("kube-controller-manager"):
+            return
+        self.controller_manager_port = self.controller_manager_port or free_port()
+        self._spawn("kube-controller-manager", self._controller_manager_args())
+        url = f"https://127.0.0.1:{self.controller_manager_port}/healthz"
+        self._wait_ready(
+            "kube-controller-manager", lambda: self._https_get(url, verify=False) == 200
+        )
+
+    def compact_etcd(self) -> int:
+        """Compact etcd at its current revision; return that revision.
+
+        Afterwards no resourceVersion older than the returned one can be watched from etcd.
+        kube-apiserver serves watches from its watch cache, whose window would still cover
+        recent old versions, so the apiserver is restarted as well: its caches then start at
+        the compacted revision and a watch from an older resourceVersion gets 410 Gone.
+        """
+        revision = int(self._etcd_post("/v3/kv/range", {"key": _b64("\0")})["header"]["revision"])
+        self._etcd_post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        self.restart_apiserver()
+        return revision
+
+    def kubeconfig_for(self, user: str, groups: list[str] | None = None) -> Path:
+        """A kubeconfig whose client certificate authenticates as `user` in `groups`."""
+        if not user or "/" in user:
+            raise ValueError(f"kubeconfig_for: user name {user!r} must be non-empty without '/'")
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
+        path = self.run_dir / "users" / f"{safe}.kubeconfig"
+        path.parent.mkdir(exist_ok=True)
+        self._write_kubeconfig(path, user, list(groups or []))
+        return path
+
+    def install_crds(self) -> list[str]:
+        """Apply the upstream and project CRDs and wait until every one is Established."""
+        paths = crds.write_manifests(self.run_dir / "crds")
+        if not paths:
+            return []
+        manifests = self.run_dir / "crds"
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(manifests))
+        names = crds.names(paths)
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"--timeout={READY_TIMEOUT:.0f}s",
+            *[f"crd/{name}" for name in names],
+        )
+        self.custom_resource_paths = crds.list_paths(paths)
+        self.save_state()
+        self._wait_for_custom_resources()
+        return names
+
+    def _wait_for_custom_resources(self) -> None:
+        """Established is not enough: each resource answers 429 until its watch cache is filled."""
+        for path in self.custom_resource_paths:
+            url = f"{self.server}{path}?limit=1"
+            self._wait_ready("kube-apiserver", lambda url=url: self._https_get(url) == 200)
+
+    def kubectl(self, *args: str, user_kubeconfig: Path | None = None) -> str:
+        """Run the kubectl built with the control plane; raise with its output on failure."""
+        command = [
+            str(self.bin_dir / "kubectl"),
+            f"--kubeconfig={user_kubeconfig or self.kubeconfig}",
+            *args,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ControlPlaneError(
+                f"`kubectl {' '.join(args)}` failed ({result.returncode}): {result.stderr.strip()}"
+            )
+        return result.stdout
+
+    # -- state shared with `python -m tests.cluster down` ------------------------------
+
+    def save_state(self) -> None:
+        state = {
+            "bin_dir": str(self.bin_dir),
+            "etcd_port": self.etcd_port,
+            "etcd_peer_port": self.etcd_peer_port,
+            "apiserver_port": self.apiserver_port,
+            "controller_manager_port": self.controller_manager_port,
+            "custom_resource_paths": self.custom_resource_paths,
+            "pids": self.pids,
+        }
+        self._state_file.write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def attach(cls, run_dir: Path) -> ControlPlane:
+        """The control plane whose state is recorded in `run_dir` (started by another process)."""
+        state = json.loads((run_dir / "state.json").read_text())
+        plane = cls(run_dir, Path(state["bin_dir"]))
+        plane.etcd_port = state["etcd_port"]
+        plane.etcd_peer_port = state["etcd_peer_port"]
+        plane.apiserver_port = state["apiserver_port"]
+        plane.controller_manager_port = state["controller_manager_port"]
+        plane.custom_resource_paths = state.get("custom_resource_paths", [])
+        plane.pids = {name: int(pid) for name, pid in state["pids"].items()}
+        return plane
+
+    # -- processes --------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = self.log_file(name).open("ab")
+        # Own session: the whole process group can be signalled, and a Ctrl-C in the
+        # terminal that runs pytest reaches pytest (which tears down) rather than the children.
+        process = subprocess.Popen(
+            [str(self.bin_dir / name), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.run_dir,
+        )
+        log.close()
+        self._children[name] = process
+        self.pids[name] = process.pid
+        self.save_state()
+
+    def _running(self, name: str) -> bool:
+        pid = self.pids.get(name)
+        return pid is not None and process_alive(pid)
+
+    def _stop_process(self, name: str) -> None:
+        pid = self.pids.pop(name, None)
+        if pid is None:
+            return
+        _stop_group(pid)
+        child = self._children.pop(name, None)
+        if child is not None:
+            child.wait()
+        if self.run_dir.exists():
+            self.save_state()
+
+    def _wait_ready(self, name: str, probe: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not self._running(name):
+                raise ControlPlaneError(
+                    f"{name} exited during start-up; last lines of {self.log_file(name)}:\n"
+                    + self._log_tail(name)
+                )
+            with contextlib.suppress(OSError, ssl.SSLError):
+                if probe():
+                    return
+            time.sleep(POLL_INTERVAL)
+        raise ControlPlaneError(
+            f"{name} not ready after {READY_TIMEOUT:.0f} s; last lines of {self.log_file(name)}:\n"
+            + self._log_tail(name)
+        )
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- etcd -------------------------------------------------------------------------
+
+    def _start_etcd(self) -> None:
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        self._spawn(
+            "etcd",
+            [
+                "--name=dispatch-kubeflow-test",
+                f"--data-dir={self.run_dir / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=dispatch-kubeflow-test={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_ready("etcd", self._etcd_healthy)
+
+    def _etcd_healthy(self) -> bool:
+        with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as response:
+            return bool(json.load(response).get("health") == "true")
+
+    def _etcd_post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.etcd_url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+
+    # -- kube-apiserver -----------------------------------------------------------------
+
+    def _apiserver_args(self) -> list[str]:
+        pki = self._pki
+        return [
+            f"--etcd-servers={self.etcd_url}",
+            f"--secure-port={self.apiserver_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            # The endpoint reconciler refuses a loopback advertise address; nothing in the
+            # tests reaches the apiserver through the `kubernetes` Service anyway.
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer=https://127.0.0.1:{self.apiserver_port}",
+            f"--service-account-key-file={pki / 'sa.key'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # Without kube-controller-manager no namespace gets a default ServiceAccount.
+            "--disable-admission-plugins=ServiceAccount",
+            "--allow-privileged=true",
+            "--profiling=false",
+            # Close open watches at once on SIGTERM instead of waiting for them to end.
+            "--shutdown-watch-termination-grace-period=1s",
+        ]
+
+    # -- kube-controller-manager --------------------------------------------------------
+
+    def _controller_manager_args(self) -> list[str]:
+        pki = self._pki
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            f"--secure-port={self.controller_manager_port}",
+            "--bind-address=127.0.0.1",
+            f"--cert-dir={pki / 'kube-controller-manager'}",
+            "--leader-elect=false",
+            f"--cluster-name={CLUSTER_NAME}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--profiling=false",
+        ]
+
+    # -- certificates and kubeconfigs ---------------------------------------------------
+
+    def _write_pki(self) -> None:
+        pki = self._pki
+        if (pki / "ca.crt").exists():
+            return
+        pki.mkdir(parents=True, exist_ok=True)
+        ca = CertificateAuthority.create()
+        serving = ca.serving_pair()
+        files = {
+            "ca.crt": ca.cert_pem,
+            "ca.key": ca.key_pem,
+            "apiserver.crt": serving.cert_pem,
+            "apiserver.key": serving.key_pem,
+            "sa.key": service_account_key_pem(),
+        }
+        for name, content in files.items():
+            (pki / name).write_bytes(content)
+            (pki / name).chmod(0o600)
+
+    def _ca(self) -> CertificateAuthority:
+        return CertificateAuthority.load(self._pki / "ca.crt", self._pki / "ca.key")
+
+    def _write_kubeconfig(self, path: Path, user: str, groups: list[str]) -> None:
+        ca = self._ca()
+        pair: KeyPair = ca.client_pair(user, groups)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": CLUSTER_NAME,
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": _b64(ca.cert_pem),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": _b64(pair.cert_pem),
+                        "client-key-data": _b64(pair.key_pem),
+                    },
+                }
+            ],
+            "contexts": [{"name": user, "context": {"cluster": CLUSTER_NAME, "user": user}}],
+            "current-context": user,
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+
+    def _ssl_context(self, verify: bool = True) -> ssl.SSLContext:
+        if not verify:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            return context
+        context = ssl.create_default_context(cafile=str(self._pki / "ca.crt"))
+        admin = self.run_dir / "pki" / "probe"
+        if not (admin / "client.crt").exists():
+            admin.mkdir(exist_ok=True)
+            pair = self._ca().client_pair(ADMIN_USER, ["system:masters"])
+            (admin / "client.crt").write_bytes(pair.cert_pem)
+            (admin / "client.key").write_bytes(pair.key_pem)
+        context.load_cert_chain(str(admin / "client.crt"), str(admin / "client.key"))
+        return context
+
+    def _https_get(self, url: str, verify: bool = True) -> int:
+        try:
+            with urllib.request.urlopen(
+                url, timeout=2, context=self._ssl_context(verify)
+            ) as response:
+                status: int = response.status
+                return status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    def _wait_for_default_namespace(self) -> None:
+        self._wait_ready(
+            "kube-apiserver",
+            lambda: self._https_get(f"{self.server}/api/v1/namespaces/default") == 200,
+        )
+
+
+def _b64(data: bytes | str) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return base64.b64encode(raw).decode()

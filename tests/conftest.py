@@ -1,0 +1,104 @@
+"""pytest fixtures for tests against a real etcd + kube-apiserver.
+
+`cluster` starts the control plane of `tests/cluster` once per session, and only when some
+selected test asks for it: a run of pure unit tests builds and starts nothing. Tests that use it
+get the `cluster` marker automatically, so `-m "not cluster"` skips them all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from tests.cluster import binaries
+from tests.cluster.controlplane import ControlPlane
+
+_build_error: binaries.BuildError | None = None
+
+
+def _uses_cluster(item: pytest.Item) -> bool:
+    return "cluster" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: the marker must be there before `-m` deselects by it.
+    for item in items:
+        if _uses_cluster(item):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before the first test, outside every per-test timeout."""
+    global _build_error
+    if session.config.option.collectonly:
+        return
+    if any(_uses_cluster(item) for item in session.items) and not binaries.is_built():
+        try:
+            binaries.build()
+        except binaries.BuildError as error:
+            _build_error = error
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A running etcd + kube-apiserver with the project's and the upstream CRDs installed."""
+    if _build_error is not None:
+        pytest.fail(f"the test control plane could not be built: {_build_error}")
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), binaries.build())
+    # Also on interpreter exit, should the session end without running fixture teardown.
+    atexit.register(plane.stop)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        atexit.unregister(plane.stop)
+
+
+@pytest.fixture(autouse=True)
+def _apiserver_running_after_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that stops kube-apiserver and then fails must not take the next tests with it."""
+    plane = request.getfixturevalue("cluster") if "cluster" in request.fixturenames else None
+    yield
+    if plane is not None:
+        plane.start_apiserver()
+
+
+def _namespace_name(test_name: str) -> str:
+    stem = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:48].rstrip("-")
+    return f"{stem or 'test'}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+async def namespace(cluster: ControlPlane, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A fresh namespace for one test, deleted afterwards."""
+    name = _namespace_name(request.node.name)
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        await client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+        yield name
+        cluster.start_apiserver()
+        try:
+            await client.CoreV1Api(api).delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def kube_api(cluster: ControlPlane) -> AsyncIterator[client.ApiClient]:
+    """An ApiClient authenticated as the admin (system:masters)."""
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
