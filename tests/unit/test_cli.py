@@ -1,0 +1,344 @@
+"""The dispatch-kubeflow command: schema, and validate of settings documents and manifests."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch_kubeflow.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGEST = "c" * 64
+RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
+EXAMPLE: dict[str, Any] = {
+    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
+    "namespace": "team-a",
+    "runtimes": [RUNTIME],
+    "kueue": {
+        "localQueue": "lq",
+        "priorityClass": "low",
+        "admissionCheck": "dispatch-admission",
+        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
+    },
+    "labels": {"team": "a"},
+    "annotations": {"cost-centre": "42"},
+    "gpuResource": "nvidia.com/gpu",
+    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
+    "nodeLossWindow": "5m",
+    "nodeLossTaints": ["example.com/node-dead"],
+    "allowRankRestart": False,
+    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
+    "probeRuntime": RUNTIME,
+    "publish": {
+        "image": f"registry.example/dispatch-publish@sha256:{DIGEST}",
+        "via": "imageVolume",
+    },
+}
+
+MANIFEST = """\
+apiVersion: dispatch.phpboyscout.uk/v1alpha1
+kind: KubeflowAdapter
+metadata:
+  name: team-a
+  namespace: dispatch-system
+spec:
+  namespace: team-a
+  runtimes:
+    - kind: ClusterTrainingRuntime
+      name: torch-distributed
+  kueue:
+    localQueue: lq
+    admissionCheck: dispatch-admission
+  nodeLossWindow: 90s
+"""
+
+
+def run(
+    argv: list[str], capsys: pytest.CaptureFixture[str], stdin: str | bytes = b""
+) -> tuple[int, str, str]:
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+class TestSchema:
+    def test_prints_exactly_schema_json(self) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "dispatch_kubeflow.cli", "schema"],
+            capture_output=True,
+            check=True,
+        )
+        assert result.stdout == (ROOT / "schema.json").read_bytes()
+
+    def test_the_console_script(self) -> None:
+        script = Path(sys.executable).with_name("dispatch-kubeflow")
+        if not script.exists():
+            pytest.skip("the dispatch-kubeflow console script is not installed beside python")
+        result = subprocess.run([str(script), "schema"], capture_output=True, check=True)
+        assert result.stdout == (ROOT / "schema.json").read_bytes()
+
+
+class TestValidateSettings:
+    def test_the_seeds_example(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        code, out, err = run(["validate", write(tmp_path, "s.json", json.dumps(EXAMPLE))], capsys)
+        assert (code, err) == (0, "")
+        result = json.loads(out)
+        assert result["declarations"] == {
+            "nodeLossWindow": "5m0s",
+            "callBound": "1m5s",
+            "polledLoss": [],
+        }
+        settings = result["settings"]
+        assert settings["timeouts"] == {
+            "request": "30s",
+            "apiserverRequest": "1m0s",
+            "workload": "1m0s",
+            "stopJob": "10m0s",
+        }
+        assert settings["kueue"]["admissionLease"] == {
+            "namespace": "dispatch-system",
+            "name": "dispatch-admission",
+        }
+        assert settings["cluster"] == {
+            "kubeconfig": "/home/u/.kube/config",
+            "context": "train",
+            "inCluster": False,
+        }
+
+    def test_every_default_is_printed(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, out, _ = run(
+            ["validate", "-"],
+            capsys,
+            stdin='{"namespace": "a", "probeRuntime": {"kind": "TrainingRuntime", "name": "p"}}',
+        )
+        assert code == 0
+        settings = json.loads(out)["settings"]
+        assert settings == {
+            "namespace": "a",
+            "cluster": {"inCluster": False},
+            "runtimes": [],
+            "probeRuntime": {"kind": "TrainingRuntime", "name": "p"},
+            "labels": {},
+            "annotations": {},
+            "gpuResource": "nvidia.com/gpu",
+            "credentials": [],
+            "nodeLossWindow": "5m0s",
+            "nodeLossTaints": [],
+            "allowRankRestart": False,
+            "timeouts": {
+                "request": "30s",
+                "apiserverRequest": "1m0s",
+                "workload": "1m0s",
+                "stopJob": "10m0s",
+            },
+        }
+
+    def test_init_container_default_is_printed(self, capsys: pytest.CaptureFixture[str]) -> None:
+        document = {
+            **EXAMPLE,
+            "publish": {"image": EXAMPLE["publish"]["image"], "via": "initContainer"},
+        }
+        code, out, _ = run(["validate", "-"], capsys, stdin=json.dumps(document))
+        assert code == 0
+        assert json.loads(out)["settings"]["publish"]["initContainer"] == "dispatch-publish"
+
+    def test_output_is_itself_a_valid_settings_document(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        _, first, _ = run(["validate", "-"], capsys, stdin=json.dumps(EXAMPLE))
+        settings = json.dumps(json.loads(first)["settings"])
+        code, second, _ = run(["validate", "-"], capsys, stdin=settings)
+        assert code == 0
+        assert second == first
+
+    @pytest.mark.parametrize(
+        ("document", "message"),
+        [
+            (
+                {**EXAMPLE, "namespace": "Team-A"},
+                "invalid settings at /namespace: must be an RFC 1123 label",
+            ),
+            ({**EXAMPLE, "kueue": None}, "invalid settings at /kueue: null is not allowed"),
+            (
+                {**EXAMPLE, "nodeLossWindow": 300},
+                "invalid settings at /nodeLossWindow: must be a Go duration string",
+            ),
+            (
+                {
+                    **EXAMPLE,
+                    "credentials": [
+                        {"secretName": "a", "mountPath": "/a"},
+                        {"secretName": "b", "mountPath": "/a/b"},
+                    ],
+                },
+                "invalid settings at /credentials/1/mountPath: ",
+            ),
+        ],
+    )
+    def test_refusal_is_one_line_on_stderr(
+        self, document: dict[str, Any], message: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code, out, err = run(["validate", "-"], capsys, stdin=json.dumps(document))
+        assert (code, out) == (1, "")
+        assert err.startswith(message)
+        assert err.count("\n") == 1
+
+    def test_duplicate_keys_and_trailing_data(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin='{"namespace": "a", "namespace": "b"}')
+        assert (code, err) == (1, 'invalid settings at /namespace: duplicate key "namespace"\n')
+        code, _, err = run(["validate", "-"], capsys, stdin='{"namespace": "a"} []')
+        assert code == 1
+        assert "trailing data" in err
+
+    def test_broken_json_is_reported_as_json(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin='{"namespace": ')
+        assert code == 1
+        assert "not valid JSON" in err
+
+
+class TestValidateManifest:
+    def test_a_manifest(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        code, out, err = run(["validate", write(tmp_path, "a.yaml", MANIFEST)], capsys)
+        assert (code, err) == (0, "")
+        result = json.loads(out)
+        assert result["settings"]["namespace"] == "team-a"
+        assert result["settings"]["nodeLossWindow"] == "1m30s"
+        assert result["declarations"]["nodeLossWindow"] == "1m30s"
+        assert result["settings"]["kueue"]["admissionLease"]["name"] == "dispatch-admission"
+
+    def test_the_projects_example_manifest(self, capsys: pytest.CaptureFixture[str]) -> None:
+        example = ROOT / "examples" / "adapter.yaml"
+        if not example.exists():
+            pytest.skip("examples/adapter.yaml is not in the tree")
+        code, _, err = run(["validate", str(example)], capsys)
+        assert (code, err) == (0, "")
+
+    def test_a_manifest_as_json(self, capsys: pytest.CaptureFixture[str]) -> None:
+        manifest = {
+            "apiVersion": "dispatch.phpboyscout.uk/v1alpha1",
+            "kind": "KubeflowAdapter",
+            "metadata": {"name": "a"},
+            "spec": EXAMPLE,
+        }
+        code, out, _ = run(["validate", "-"], capsys, stdin=json.dumps(manifest))
+        assert code == 0
+        assert json.loads(out)["settings"]["namespace"] == "team-a"
+
+    @pytest.mark.parametrize(
+        ("change", "message"),
+        [
+            (
+                ("  nodeLossWindow: 90s", "  nodeLossWindow: null"),
+                "invalid settings at /spec/nodeLossWindow: null is not allowed",
+            ),
+            (
+                ("  nodeLossWindow: 90s", "  nodeLossWindow:"),
+                "invalid settings at /spec/nodeLossWindow: null is not allowed",
+            ),
+            (
+                ("  nodeLossWindow: 90s", "  nodeLossWindow: 300"),
+                "invalid settings at /spec/nodeLossWindow: must be a Go duration string",
+            ),
+            (
+                ("  nodeLossWindow: 90s", "  allowRankRestart: 'false'"),
+                "invalid settings at /spec/allowRankRestart: must be a boolean, not a string",
+            ),
+            (
+                ("    localQueue: lq", "    localQueue: lq\n    localQueue: other"),
+                'invalid settings at /spec/kueue/localQueue: duplicate key "localQueue"',
+            ),
+            (
+                ("    admissionCheck: dispatch-admission", "    admissionChecks: x"),
+                "invalid settings at /spec/kueue/admissionChecks: unknown key",
+            ),
+            (
+                ("kind: KubeflowAdapter", "kind: DispatchJob"),
+                "invalid settings at /kind: must be 'KubeflowAdapter'",
+            ),
+            (
+                ("apiVersion: dispatch.phpboyscout.uk/v1alpha1", "apiVersion: v1"),
+                "invalid settings at /apiVersion: must be 'dispatch.phpboyscout.uk/v1alpha1'",
+            ),
+            (("metadata:", "extra: 1\nmetadata:"), "invalid settings at /extra: unknown key"),
+            (
+                (
+                    "    - kind: ClusterTrainingRuntime",
+                    "    - kind: ClusterTrainingRuntime\n      kind: TrainingRuntime",
+                ),
+                "invalid settings at /spec/runtimes/0/kind: duplicate key",
+            ),
+        ],
+    )
+    def test_refusals_name_pointers_under_spec(
+        self,
+        change: tuple[str, str],
+        message: str,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        assert change[0] in MANIFEST
+        text = MANIFEST.replace(change[0], change[1])
+        code, out, err = run(["validate", write(tmp_path, "a.yaml", text)], capsys)
+        assert (code, out) == (1, "")
+        assert err.startswith(message), err
+        assert err.count("\n") == 1
+
+    def test_a_manifest_without_spec(self, capsys: pytest.CaptureFixture[str]) -> None:
+        text = MANIFEST[: MANIFEST.index("spec:")]
+        code, _, err = run(["validate", "-"], capsys, stdin=text)
+        assert (code, err) == (1, "invalid settings at /spec: is required\n")
+
+    def test_a_null_spec(self, capsys: pytest.CaptureFixture[str]) -> None:
+        text = MANIFEST[: MANIFEST.index("spec:")] + "spec: null\n"
+        code, _, err = run(["validate", "-"], capsys, stdin=text)
+        assert code == 1
+        assert err.startswith("invalid settings at /spec: null is not allowed")
+
+    def test_two_documents(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin=MANIFEST + "---\n" + MANIFEST)
+        assert code == 1
+        assert "not valid YAML" in err
+
+    def test_broken_yaml(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin="spec: [\n")
+        assert code == 1
+        assert err.startswith("invalid settings: not valid YAML")
+
+    def test_empty_input(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin="")
+        assert (code, err) == (1, "invalid settings: the manifest is empty\n")
+
+
+class TestUsage:
+    @pytest.mark.parametrize(
+        "argv", [[], ["nonsense"], ["validate"], ["validate", "a", "b"], ["schema", "x"]]
+    )
+    def test_bad_usage_exits_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+        code, out, err = run(argv, capsys)
+        assert (code, out) == (2, "")
+        assert "usage:" in err
+
+    def test_unreadable_file_exits_2(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code, _, err = run(["validate", str(tmp_path / "missing.json")], capsys)
+        assert code == 2
+        assert "cannot read" in err
