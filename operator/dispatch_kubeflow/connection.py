@@ -27,7 +27,6 @@ from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.config.incluster_config import (
     SERVICE_HOST_ENV_NAME,
     SERVICE_PORT_ENV_NAME,
-    SERVICE_TOKEN_FILENAME,
     load_incluster_config,
 )
 from kubernetes_asyncio.config.kube_config import (
@@ -40,6 +39,8 @@ from dispatch_kubeflow.errors import ErrUnsupported
 from dispatch_kubeflow.settings import Cluster
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
+# Where Kubernetes mounts a pod's service account token and the cluster CA.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOO_MANY_REQUESTS_RETRIES = 5
 LONGEST_RETRY_AFTER = 2.0
 
@@ -169,7 +170,11 @@ async def _load_kubeconfig(
 
 def _load_service_account(configuration: Any) -> None:
     try:
-        load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration,
+            token_filename=str(SERVICE_ACCOUNT_DIR / "token"),
+            cert_filename=str(SERVICE_ACCOUNT_DIR / "ca.crt"),
+        )
     except ConfigException as error:
         raise ErrUnsupported(f"connect: cannot use the pod's service account: {error}") from None
 
@@ -178,7 +183,7 @@ def _in_a_pod() -> bool:
     return (
         bool(os.environ.get(SERVICE_HOST_ENV_NAME))
         and bool(os.environ.get(SERVICE_PORT_ENV_NAME))
-        and Path(SERVICE_TOKEN_FILENAME).is_file()
+        and (SERVICE_ACCOUNT_DIR / "token").is_file()
     )
 
 

@@ -26,6 +26,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from tests.cluster.controlplane import ControlPlane
 
+from dispatch_kubeflow import connection
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig, check_trainer_api
 from dispatch_kubeflow.connection import connect
 from dispatch_kubeflow.constants import (
@@ -1025,20 +1026,49 @@ async def test_a_missing_kubeconfig_is_refused(
         await identity(Cluster())
 
 
+async def service_account_token(api: client.ApiClient, namespace: str, name: str) -> str:
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    issued = await core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 600}}
+    )
+    token: str = issued.status.token
+    return token
+
+
 async def test_a_token_replaces_the_kubeconfig_credentials(
     cluster: ControlPlane, namespace: str, kube_api: client.ApiClient
 ) -> None:
-    core = client.CoreV1Api(kube_api)
-    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "dispatcher"}})
-    issued = await core.create_namespaced_service_account_token(
-        "dispatcher", namespace, {"spec": {"expirationSeconds": 600}}
-    )
+    token = await service_account_token(kube_api, namespace, "dispatcher")
     admin = Cluster(kubeconfig=str(cluster.kubeconfig))
     expected = f"system:serviceaccount:{namespace}:dispatcher"
-    assert await identity(admin, token=issued.status.token) == expected
+    assert await identity(admin, token=token) == expected
     with pytest.raises(ApiException) as refused:
         await identity(admin, token="not-a-token")
     assert refused.value.status == 401
+
+
+async def test_in_cluster_uses_the_pods_service_account(
+    cluster: ControlPlane,
+    namespace: str,
+    kube_api: client.ApiClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The token and CA a pod would find mounted, and the service environment variables."""
+    mounted = tmp_path / "serviceaccount"
+    mounted.mkdir()
+    (mounted / "token").write_text(await service_account_token(kube_api, namespace, "in-pod"))
+    (mounted / "ca.crt").write_bytes((cluster.run_dir / "pki" / "ca.crt").read_bytes())
+    monkeypatch.setattr(connection, "SERVICE_ACCOUNT_DIR", mounted)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(cluster.apiserver_port))
+    expected = f"system:serviceaccount:{namespace}:in-pod"
+    assert await identity(Cluster(in_cluster=True)) == expected
+    # With no kubeconfig anywhere, the loading rules fall back to the service account.
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert await identity(Cluster()) == expected
 
 
 async def test_requests_are_bounded_by_the_request_timeout(cluster: ControlPlane) -> None:
