@@ -84,6 +84,7 @@ SUBDOMAIN_MAX: Final = 253
 _DNS_LABEL = re.compile(DNS_LABEL_PATTERN.rstrip("$") + r"\Z")
 _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN.rstrip("$") + r"\Z")
 _NAME = re.compile(_NAME_PART + r"\Z")
+_QUALIFIED_NAME = re.compile(QUALIFIED_NAME_PATTERN.rstrip("$") + r"\Z")
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN.rstrip("$") + r"\Z")
 _IMAGE = re.compile(IMAGE_DIGEST_PATTERN.rstrip("$") + r"\Z")
 
@@ -190,21 +191,28 @@ def qualified_name_problem(value: str) -> str | None:
     return None
 
 
+def _is_qualified_name(value: str) -> bool:
+    if not _QUALIFIED_NAME.match(value):
+        return False
+    prefix, _, name = value.rpartition("/")
+    return len(name) <= LABEL_MAX and len(prefix) <= SUBDOMAIN_MAX
+
+
 def check_qualified_name(value: str) -> str:
-    problem = qualified_name_problem(value)
-    if problem:
+    if not _is_qualified_name(value):
+        problem = qualified_name_problem(value)
         _refuse(f"must be a qualified name ([prefix/]name): {problem}, got {_shown(value)}")
     return value
 
 
 def check_metadata_key(value: str) -> str:
     check_qualified_name(value)
-    for prefix in RESERVED_PREFIXES:
-        if value.startswith(prefix):
-            _refuse(
-                f"key {_shown(value)} uses the reserved prefix {prefix!r}, which dispatch, Kueue, "
-                "Trainer and JobSet read"
-            )
+    if value.startswith(RESERVED_PREFIXES):
+        prefix = next(p for p in RESERVED_PREFIXES if value.startswith(p))
+        _refuse(
+            f"key {_shown(value)} uses the reserved prefix {_shown(prefix)}, which dispatch, "
+            "Kueue, Trainer and JobSet read"
+        )
     return value
 
 
@@ -577,36 +585,61 @@ def _decode_json(data: str | bytes) -> Any:
         raise InvalidSettings("", f"not valid JSON: {exc}") from None
 
 
-def plain_document(value: Any, pointer: str = "") -> Any:
+def plain_document(value: Any) -> Any:
     """Check a decoded document for duplicate keys, nulls and non-string keys; freeze arrays.
 
     Objects become dicts, arrays become tuples. Everything else is left for the models to judge.
     """
+    path: list[str | int] = []  # where the walk is; turned into a pointer only on refusal
+    try:
+        return _plain(value, path)
+    except _Refusal as refusal:
+        raise InvalidSettings(json_pointer(*path), refusal.rule) from None
+
+
+class _Refusal(Exception):
+    def __init__(self, rule: str) -> None:
+        self.rule = rule
+
+
+def _plain(value: Any, path: list[str | int]) -> Any:
     if value is None:
-        raise InvalidSettings(pointer, "null is not allowed: omit the key for its default")
-    if isinstance(value, _Pairs):
-        return _plain_object(value, pointer)
-    if isinstance(value, Mapping):
-        return _plain_object(list(value.items()), pointer)
-    if isinstance(value, list | tuple):
-        return tuple(plain_document(item, f"{pointer}/{i}") for i, item in enumerate(value))
+        raise _Refusal("null is not allowed: omit the key for its default")
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidSettings(pointer, "not valid Unicode (a lone surrogate)") from None
+        if not value.isascii():
+            _check_encodable(value)
+        return value
+    if isinstance(value, _Pairs):
+        return _plain_object(value, path)
+    if isinstance(value, dict | Mapping):  # dict first: the ABC check is slow
+        return _plain_object(list(value.items()), path)
+    if isinstance(value, list | tuple):
+        items = []
+        for index, item in enumerate(value):
+            path.append(index)
+            items.append(_plain(item, path))
+            path.pop()
+        return tuple(items)
     return value
 
 
-def _plain_object(pairs: list[tuple[Any, Any]], pointer: str) -> dict[str, Any]:
+def _check_encodable(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Refusal("not valid Unicode (a lone surrogate)") from None
+
+
+def _plain_object(pairs: list[tuple[Any, Any]], path: list[str | int]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, item in pairs:
         if not isinstance(key, str):
-            raise InvalidSettings(pointer, f"key {_shown(key)} is not a string")
-        where = pointer + json_pointer(key)
+            raise _Refusal(f"key {_shown(key)} is not a string")
+        path.append(key)
         if key in result:
-            raise InvalidSettings(where, f"duplicate key {_shown(key)}")
-        result[key] = plain_document(item, where)
+            raise _Refusal(f"duplicate key {_shown(key)}")
+        result[key] = _plain(item, path)
+        path.pop()
     return result
 
 

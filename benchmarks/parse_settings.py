@@ -1,0 +1,70 @@
+"""Settings parse throughput: documents per second for the seed's example and a 1,000-label one.
+
+Run from the repository root: ``python3 benchmarks/parse_settings.py [--seconds N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+from dispatch_kubeflow.settings import parse_settings
+
+RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
+EXAMPLE = {
+    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
+    "namespace": "team-a",
+    "runtimes": [RUNTIME],
+    "kueue": {
+        "localQueue": "lq",
+        "priorityClass": "low",
+        "admissionCheck": "dispatch-admission",
+        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
+    },
+    "labels": {"team": "a"},
+    "annotations": {"cost-centre": "42"},
+    "gpuResource": "nvidia.com/gpu",
+    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
+    "nodeLossWindow": "5m",
+    "nodeLossTaints": ["example.com/node-dead"],
+    "allowRankRestart": False,
+    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
+    "probeRuntime": RUNTIME,
+    "publish": {
+        "image": "registry.example/dispatch-publish@sha256:" + "0123456789abcdef" * 4,
+        "via": "imageVolume",
+    },
+}
+MANY_LABELS = {
+    **EXAMPLE,
+    "labels": {f"example.com/label-{i:04d}": f"value-{i}" for i in range(1000)},
+}
+
+
+def documents_per_second(parse: Callable[[], object], seconds: float) -> float:
+    parse()  # warm up
+    count = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+    while True:
+        parse()
+        count += 1
+        now = time.perf_counter()
+        if now >= deadline:
+            return count / (now - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0, help="time per document")
+    args = parser.parse_args()
+    for name, document in (("seed example", EXAMPLE), ("1,000 labels", MANY_LABELS)):
+        text = json.dumps(document)
+        rate = documents_per_second(lambda text=text: parse_settings(text), args.seconds)
+        print(f"{name:>12}: {rate:12,.0f} documents/s  ({len(text):,} bytes)")
+
+
+if __name__ == "__main__":
+    main()
