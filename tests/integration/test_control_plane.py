@@ -392,6 +392,12 @@ async def test_watch_from_compacted_resource_version_gets_410(
         with pytest.raises(ApiException) as gone:
             await _watch_events(leases.list_namespaced_lease, old, 1, namespace=namespace)
         assert gone.value.status == 410
+        # etcd itself no longer has that revision: an exact read of it is refused too.
+        with pytest.raises(ApiException) as compacted:
+            await leases.list_namespaced_lease(
+                namespace, resource_version=old, resource_version_match="Exact"
+            )
+        assert compacted.value.status == 410
         latest = _rv(await leases.list_namespaced_lease(namespace))
         assert int(latest) > int(old)
     finally:
