@@ -1,0 +1,186 @@
+"""The KubeflowAdapter CRD on a real kube-apiserver: what it refuses, and that nulls survive.
+
+The apiserver checks the CRD's structural schema and CEL rules on create; the operator's own
+parse of ``spec`` then refuses what the apiserver lets through (a null, an unclean path). These
+run against the `cluster` fixture's etcd + kube-apiserver with the project's CRDs installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from dispatch_kubeflow.constants import GROUP, KUBEFLOW_ADAPTER_KIND, KUBEFLOW_ADAPTERS, VERSION
+from dispatch_kubeflow.settings import InvalidSettings, parse_settings_object
+
+RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
+IMAGE = "registry.example/dispatch-publish@sha256:" + "0123456789abcdef" * 4
+EXAMPLE: dict[str, Any] = {
+    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
+    "namespace": "team-a",
+    "runtimes": [RUNTIME],
+    "kueue": {
+        "localQueue": "lq",
+        "priorityClass": "low",
+        "admissionCheck": "dispatch-admission",
+        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
+    },
+    "labels": {"team": "a"},
+    "annotations": {"cost-centre": "42"},
+    "gpuResource": "nvidia.com/gpu",
+    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
+    "nodeLossWindow": "5m",
+    "nodeLossTaints": ["example.com/node-dead"],
+    "allowRankRestart": False,
+    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
+    "probeRuntime": RUNTIME,
+    "publish": {"image": IMAGE, "via": "imageVolume"},
+}
+
+
+async def create(
+    api: client.ApiClient, namespace: str, name: str, spec: Any, *, strict: bool = False
+) -> dict[str, Any]:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KUBEFLOW_ADAPTER_KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    kwargs = {"field_validation": "Strict"} if strict else {}
+    created: dict[str, Any] = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, KUBEFLOW_ADAPTERS, body, **kwargs
+    )
+    return created
+
+
+async def refusal(
+    api: client.ApiClient, namespace: str, spec: Any, *, strict: bool = False, status: int = 422
+) -> str:
+    with pytest.raises(ApiException) as info:
+        await create(api, namespace, "refused", spec, strict=strict)
+    assert info.value.status == status, info.value.body
+    message: str = json.loads(info.value.body)["message"]
+    return message
+
+
+def changed(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(EXAMPLE)
+    for key, value in changes.items():
+        if value is ...:
+            del spec[key]
+        else:
+            spec[key] = value
+    return spec
+
+
+async def test_the_seeds_example_is_stored_as_written(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    created = await create(kube_api, namespace, "example", EXAMPLE)
+    assert created["spec"] == EXAMPLE
+    assert parse_settings_object(created["spec"], pointer="/spec").namespace == "team-a"
+
+
+async def test_a_minimal_spec_gets_no_defaults_from_the_apiserver(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    spec = {"namespace": "team-a", "runtimes": [RUNTIME]}
+    created = await create(kube_api, namespace, "minimal", spec)
+    assert created["spec"] == spec
+
+
+@pytest.mark.parametrize(
+    ("key", "pointer"),
+    [
+        ("nodeLossWindow", "/spec/nodeLossWindow"),
+        ("kueue", "/spec/kueue"),
+        ("labels", "/spec/labels"),
+        ("timeouts", "/spec/timeouts"),
+    ],
+)
+async def test_a_null_reaches_the_parser_which_refuses_it(
+    kube_api: client.ApiClient, namespace: str, key: str, pointer: str
+) -> None:
+    created = await create(kube_api, namespace, "null", changed(**{key: None}))
+    assert key in created["spec"]
+    assert created["spec"][key] is None
+    with pytest.raises(InvalidSettings) as info:
+        parse_settings_object(created["spec"], pointer="/spec")
+    assert info.value.pointer == pointer
+
+
+async def test_a_null_label_value_reaches_the_parser(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    created = await create(kube_api, namespace, "null-label", changed(labels={"team": None}))
+    with pytest.raises(InvalidSettings) as info:
+        parse_settings_object(created["spec"], pointer="/spec")
+    assert info.value.pointer == "/spec/labels/team"
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (
+            changed(cluster={"inCluster": True, "context": "c"}),
+            "inCluster: true is refused together",
+        ),
+        (
+            changed(cluster={"inCluster": True, "kubeconfig": ""}),
+            "inCluster: true is refused together",
+        ),
+        (changed(publish={"image": IMAGE, "initContainer": "x"}), "initContainer is refused"),
+        (
+            changed(publish={"image": IMAGE, "via": "imageVolume", "initContainer": "x"}),
+            "initContainer is refused",
+        ),
+        (changed(runtimes=..., probeRuntime=...), "probeRuntime is required"),
+        (changed(runtimes=[], probeRuntime=...), "probeRuntime is required"),
+        (changed(runtimes=[RUNTIME, RUNTIME]), "Duplicate value"),
+        (changed(nodeLossTaints=["a/b", "a/b"]), "Duplicate value"),
+        (changed(namespace="Team-A"), "spec.namespace"),
+        (changed(nodeLossWindow="0s"), "spec.nodeLossWindow"),
+        (changed(nodeLossWindow="-5m"), "spec.nodeLossWindow"),
+        (changed(cluster={"context": ""}), "spec.cluster.context"),
+        (changed(publish={"image": "registry.example/p:v1"}), "spec.publish.image"),
+        (changed(credentials=[{"secretName": "s", "mountPath": "/opt/dispatch/x"}]), "mountPath"),
+        (changed(kueue={"priorityClass": "low"}), "spec.kueue.localQueue"),
+        (changed(namespace=...), "spec.namespace"),
+    ],
+)
+async def test_the_apiserver_refuses(
+    kube_api: client.ApiClient, namespace: str, spec: dict[str, Any], words: str
+) -> None:
+    assert words in await refusal(kube_api, namespace, spec)
+
+
+async def test_unknown_fields_are_refused_under_strict_field_validation(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    spec = changed(nodeLossWindows="5m")
+    message = await refusal(kube_api, namespace, spec, strict=True, status=400)
+    assert 'unknown field "spec.nodeLossWindows"' in message
+
+
+async def test_without_strict_validation_unknown_fields_are_pruned(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    """The limit the docs state: a client that does not ask for Strict loses the unknown key."""
+    created = await create(kube_api, namespace, "pruned", changed(nodeLossWindows="5m"))
+    assert created["spec"] == EXAMPLE
+
+
+async def test_what_only_the_parser_refuses_is_stored_and_then_refused(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    spec = changed(credentials=[{"secretName": "s", "mountPath": "/a/"}])
+    created = await create(kube_api, namespace, "unclean", spec)
+    with pytest.raises(InvalidSettings) as info:
+        parse_settings_object(created["spec"], pointer="/spec")
+    assert info.value.pointer == "/spec/credentials/0/mountPath"
