@@ -152,6 +152,8 @@ async def test_a_null_label_value_reaches_the_parser(
         (changed(credentials=[{"secretName": "s", "mountPath": "/opt/dispatch/x"}]), "mountPath"),
         (changed(kueue={"priorityClass": "low"}), "spec.kueue.localQueue"),
         (changed(namespace=...), "spec.namespace"),
+        (changed(namespace=None), "spec.namespace: Required value"),
+        (changed(kueue={"localQueue": None}), "spec.kueue.localQueue: Required value"),
     ],
 )
 async def test_the_apiserver_refuses(
