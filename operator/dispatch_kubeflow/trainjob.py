@@ -67,6 +67,14 @@ class EnvVar(_Model):
     name: Annotated[str, Field(strict=True, min_length=1, pattern=r"^[^=]+$")]
     value: StrictStr = ""
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _refuse_as_invalid(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        try:
+            return handler(data)
+        except ValidationError as error:
+            raise ErrInvalid(f"job spec: env: {_first_error(error)}") from None
+
 
 class JobSpec(_Model):
     """A dispatch job's request: what to run, on how many nodes, under which runtime.

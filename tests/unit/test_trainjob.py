@@ -85,6 +85,10 @@ class TestJobSpec:
         with pytest.raises(ErrInvalid, match=field):
             JobSpec.model_validate(data)
 
+    def test_an_env_var_alone_is_refused_as_invalid_too(self) -> None:
+        with pytest.raises(ErrInvalid, match="job spec: env: name"):
+            EnvVar.model_validate({"name": ""})
+
     def test_job_id_is_limited_so_that_job_and_attempt_fit_63_characters(self) -> None:
         JobSpec(job_id="a" * 61, attempt=9)
         with pytest.raises(ErrInvalid, match="at most 63"):
