@@ -285,7 +285,7 @@ def check_image(value: str) -> str:
 
 def _duration(value: object) -> Duration:
     """A positive Go duration string; a ``timedelta`` when a model is built in Python."""
-    if isinstance(value, timedelta) and not isinstance(value, bool):
+    if isinstance(value, timedelta):
         duration = Duration.from_timedelta(value)
     elif isinstance(value, str):
         try:
