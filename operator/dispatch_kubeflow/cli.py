@@ -176,7 +176,7 @@ def _yaml_value(loader: yaml.SafeLoader, node: yaml.Node, pointer: str) -> Any:
                 raise InvalidSettings(pointer, "YAML merge keys (<<) are not supported")
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, str):
-                raise InvalidSettings(pointer, f"key {key!r} is not a string")
+                raise InvalidSettings(pointer, f"key {key!r} is not a string: quote it")
             where = pointer + json_pointer(key)
             if key in result:
                 raise InvalidSettings(where, f"duplicate key {json.dumps(key)}")

@@ -97,7 +97,9 @@ class InvalidSettings(ErrInvalid):
     def __init__(self, pointer: str, rule: str) -> None:
         self.pointer = pointer
         self.rule = rule
-        where = f" at {pointer}" if pointer else ""
+        # A key may hold a newline; the message stays one line.
+        shown = pointer if pointer.isprintable() else json.dumps(pointer, ensure_ascii=False)
+        where = f" at {shown}" if pointer else ""
         super().__init__(f"invalid settings{where}: {rule}")
 
     def under(self, prefix: str) -> InvalidSettings:

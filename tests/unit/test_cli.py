@@ -301,6 +301,14 @@ class TestValidateManifest:
         assert err.startswith(message), err
         assert err.count("\n") == 1
 
+    def test_a_yaml_key_that_is_not_a_string(self, capsys: pytest.CaptureFixture[str]) -> None:
+        text = MANIFEST.replace("  nodeLossWindow: 90s", "  labels:\n    yes: a")
+        code, _, err = run(["validate", "-"], capsys, stdin=text)
+        assert (code, err) == (
+            1,
+            "invalid settings at /spec/labels: key True is not a string: quote it\n",
+        )
+
     def test_a_manifest_without_spec(self, capsys: pytest.CaptureFixture[str]) -> None:
         text = MANIFEST[: MANIFEST.index("spec:")]
         code, _, err = run(["validate", "-"], capsys, stdin=text)

@@ -565,6 +565,14 @@ class TestQualifiedNames:
         assert_refused(document, "/nodeLossTaints/2", "duplicates /nodeLossTaints/0")
 
 
+def test_a_key_with_a_newline_still_gives_one_line() -> None:
+    with pytest.raises(InvalidSettings) as info:
+        parse(with_value("/labels", {"a\nb": "v"}))
+    assert info.value.pointer == "/labels/a\nb"
+    assert str(info.value).startswith('invalid settings at "/labels/a\\nb": ')
+    assert "\n" not in str(info.value)
+
+
 class TestValues:
     @pytest.mark.parametrize("value", ["", "a", "A.b_c-d", "v" * 63, "0"])
     def test_label_values_accepted(self, value: str) -> None:
