@@ -73,6 +73,10 @@ KWOK_UPSTREAM_STAGES = (
     "pod/general/pod-delete.yaml",
 )
 KWOK_STAGE_DELAY_MS = 100
+# Kueue v0.19 reads its metrics certificate from this fixed path whenever its internal
+# certificate management is off (cmd/kueue/main.go); nothing here scrapes metrics, but the
+# files must exist or Kueue exits.
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 
 
 class StackError(RuntimeError):
@@ -184,6 +188,7 @@ class FullStack:
                 "namespaces",
             )
             self._write_certs()
+            self._ensure_kueue_metrics_certs()
             for name in ("jobset-controller", "trainer-controller-manager", "kueue"):
                 self._start_controller(name)
             self._start_scheduler()
@@ -409,6 +414,20 @@ class FullStack:
         ):
             (certs / name).write_bytes(content)
             (certs / name).chmod(0o600)
+
+    def _ensure_kueue_metrics_certs(self) -> None:
+        """Give Kueue the metrics certificate files it insists on (any valid pair will do)."""
+        if all((KUEUE_METRICS_CERTS / name).is_file() for name in ("tls.crt", "tls.key")):
+            return
+        try:
+            KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.crt", "tls.key"):
+                (KUEUE_METRICS_CERTS / name).write_bytes((self.dir / "certs" / name).read_bytes())
+        except OSError as error:
+            raise StackError(
+                f"Kueue needs a certificate in {KUEUE_METRICS_CERTS} (fixed in its source when "
+                f"internal certificate management is off) and it cannot be written: {error}"
+            ) from error
 
     # -- the three controllers -------------------------------------------------------------
 
