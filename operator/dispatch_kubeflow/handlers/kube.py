@@ -1,16 +1,20 @@
 """The operator's own API calls: status writes and reads of our two resources.
 
 The adapter library talks to the cluster its settings name; the operator's handlers talk to the
-cluster the operator runs against (in-cluster service account, else the kubeconfig loading rules,
-as kopf itself logs in). Status is written as a JSON merge patch carrying the resourceVersion it
-was computed from, so two writers never silently overwrite each other: a conflict re-reads.
+cluster the operator runs against (in-cluster service account, else the kubeconfig loading rules),
+and kopf logs in with the same identity. Status is written as a JSON merge patch carrying the
+resourceVersion it was computed from, so two writers never silently overwrite each other: a
+conflict re-reads.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
+import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -24,14 +28,47 @@ HTTP_NOT_FOUND: Final = 404
 HTTP_CONFLICT: Final = 409
 
 
-async def open_api_client() -> client.ApiClient:
-    """An ApiClient for the operator's identity: in-cluster first, then the kubeconfig."""
+async def load_configuration() -> Any:
+    """The operator's identity: the pod's service account, else the kubeconfig loading rules.
+
+    ``KUBECONFIG`` is read now: kubernetes_asyncio's own default is read once, at import.
+    """
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        await config.load_kube_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
+        await config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG") or None,
+            client_configuration=configuration,
+        )
+    return configuration
+
+
+async def open_api_client() -> client.ApiClient:
+    return client.ApiClient(await load_configuration())
+
+
+async def connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """kopf's credentials for the same identity as ``open_api_client``."""
+    configuration = await load_configuration()
+    header = configuration.get_api_key_with_prefix("BearerToken")
+    if inspect.isawaitable(header):
+        header = await header
+    parts: list[str] = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else parts
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        proxy_url=configuration.proxy,
+        trust_env=settings.networking.trust_env,
+    )
 
 
 async def read_object(

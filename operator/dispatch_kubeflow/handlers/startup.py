@@ -13,7 +13,7 @@ from typing import Any, Final
 import kopf
 
 from dispatch_kubeflow.constants import FINALIZER, GROUP
-from dispatch_kubeflow.handlers.kube import open_api_client
+from dispatch_kubeflow.handlers.kube import connection_info, open_api_client
 from dispatch_kubeflow.handlers.registry import EVENTS_TO_ENV, AdapterRegistry, EventLines
 
 DIFFBASE_KEY: Final = "last-handled-configuration"
@@ -48,6 +48,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.event_lines = EventLines(os.environ.get(EVENTS_TO_ENV))
     if "api" not in memo:
         memo.api = await open_api_client()
+
+
+@kopf.on.login()
+async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    return await connection_info(settings)
 
 
 @kopf.on.cleanup()
