@@ -82,7 +82,9 @@ async def namespace(cluster: ControlPlane, request: pytest.FixtureRequest) -> As
     name = _namespace_name(request.node.name)
     api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
     try:
-        await client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+        await client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+        )
         yield name
         cluster.start_apiserver()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -236,8 +237,13 @@ class ControlPlane:
     def _wait_for_custom_resources(self) -> None:
         """Established is not enough: each resource answers 429 until its watch cache is filled."""
         for path in self.custom_resource_paths:
-            url = f"{self.server}{path}?limit=1"
-            self._wait_ready("kube-apiserver", lambda url=url: self._https_get(url) == 200)
+            self._wait_ready(
+                "kube-apiserver",
+                functools.partial(self._answers_ok, f"{self.server}{path}?limit=1"),
+            )
+
+    def _answers_ok(self, url: str) -> bool:
+        return self._https_get(url) == 200
 
     def kubectl(self, *args: str, user_kubeconfig: Path | None = None) -> str:
         """Run the kubectl built with the control plane; raise with its output on failure."""
