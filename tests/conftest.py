@@ -8,6 +8,7 @@ get the `cluster` marker automatically, so `-m "not cluster"` skips them all.
 from __future__ import annotations
 
 import atexit
+import os
 import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -51,7 +52,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running etcd + kube-apiserver with the project's and the upstream CRDs installed."""
     if _build_error is not None:
         pytest.fail(f"the test control plane could not be built: {_build_error}")
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"), binaries.build())
+    # pytest keeps the last few session folders: stop what a killed earlier session left running.
+    sessions = tmp_path_factory.getbasetemp().parent
+    ControlPlane.stop_orphans(sessions.glob("pytest-*/control-plane*"))
+    plane = ControlPlane(
+        tmp_path_factory.mktemp("control-plane"), binaries.build(), owner_pid=os.getpid()
+    )
     # Also on interpreter exit, should the session end without running fixture teardown.
     atexit.register(plane.stop)
     plane.start()

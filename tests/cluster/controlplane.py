@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,12 @@ class ControlPlane:
     kubeconfig and the kubeconfigs minted for restricted identities in `users/`.
     """
 
-    def __init__(self, run_dir: Path, bin_dir: Path | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, bin_dir: Path | None = None, owner_pid: int | None = None
+    ) -> None:
         self.run_dir = run_dir.resolve()
+        # The process whose lifetime bounds this control plane (the pytest session), if any.
+        self.owner_pid = owner_pid
         self.bin_dir = bin_dir or binaries.binary_dir()
         self.etcd_port = 0
         self.etcd_peer_port = 0
@@ -269,6 +273,7 @@ class ControlPlane:
             "apiserver_port": self.apiserver_port,
             "controller_manager_port": self.controller_manager_port,
             "custom_resource_paths": self.custom_resource_paths,
+            "owner_pid": self.owner_pid,
             "pids": self.pids,
         }
         self._state_file.write_text(json.dumps(state, indent=2))
@@ -283,8 +288,25 @@ class ControlPlane:
         plane.apiserver_port = state["apiserver_port"]
         plane.controller_manager_port = state["controller_manager_port"]
         plane.custom_resource_paths = state.get("custom_resource_paths", [])
+        plane.owner_pid = state.get("owner_pid")
         plane.pids = {name: int(pid) for name, pid in state["pids"].items()}
         return plane
+
+    @classmethod
+    def stop_orphans(cls, run_dirs: Iterable[Path]) -> list[Path]:
+        """Stop control planes whose owner died without tearing them down (e.g. a killed pytest)."""
+        stopped = []
+        for run_dir in run_dirs:
+            try:
+                plane = cls.attach(run_dir)
+            except (OSError, ValueError, KeyError):
+                continue
+            owner = plane.owner_pid
+            if owner is None or process_alive(owner) or not plane.pids:
+                continue
+            plane.stop()
+            stopped.append(run_dir)
+        return stopped
 
     # -- processes --------------------------------------------------------------------
 
