@@ -6,7 +6,7 @@
 
 By default it starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no
 controllers) in a temporary folder. For each job it creates what Trainer, JobSet and Kueue would:
-a suspended TrainJob with the adapter's labels, its Workload, its JobSet and one pod. The
+a TrainJob with the adapter's labels, its Workload, its JobSet and one pod. The
 supervisor runs in a child process (so its peak memory is its own) in Kueue mode; this process
 then plays the controllers and writes five status transitions per job, each of which gives
 exactly one event: Workload admitted (Admitted), pod running (Running), JobSet restarted
@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import resource
 import secrets
+import signal
 import statistics
 import sys
 import tempfile
@@ -110,6 +111,10 @@ async def _supervise(kubeconfig: str, namespace: str, out: Any, stop: Any) -> No
 # --- the controllers, played here ---------------------------------------------------------------
 
 
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -149,7 +154,8 @@ class Cluster:
                 "apiVersion": f"{constants.TRAINER_GROUP}/{constants.TRAINER_VERSION}",
                 "kind": "TrainJob",
                 "metadata": {"name": f"{job}-1", "labels": self.labels(job)},
-                "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True},
+                # Unsuspended from the start: admission is read from the Workload here.
+                "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": False},
             },
             **tj_where,
         )
@@ -301,6 +307,7 @@ async def drive(
     began = time.perf_counter()
     await asyncio.gather(*(create(job) for job in names))
     created = time.perf_counter() - began
+    progress(f"created {jobs} jobs in {created:.1f}s")
     await events.wait([(job, "Submitted") for job in names], limit=600)
 
     admitted_at = datetime.now(UTC).replace(microsecond=0)
@@ -315,6 +322,7 @@ async def drive(
     for type_ in TRANSITIONS:
         await asyncio.gather(*(step(job, type_) for job in names))
         await events.wait([(job, type_) for job in names], limit=600)
+        progress(f"{type_}: all {jobs} events in")
     driven = time.perf_counter() - began
     await api.close()
 
@@ -355,6 +363,8 @@ def main() -> int:
     parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (default: start one)")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
     args = parser.parse_args()
+    # Stop the control plane on SIGTERM too, not only on Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     context = multiprocessing.get_context("spawn")
     with control_plane(args.kubeconfig) as kubeconfig:
         asyncio.run(prepare(kubeconfig, args.namespace))
