@@ -10,8 +10,9 @@ checked against exactly the ClusterRole the chart grants.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -147,52 +148,54 @@ def test_values_outside_the_schema_are_refused(helm: Path) -> None:
 
 
 @pytest.fixture
-def release(helm: Path, cluster: Any, namespace: str) -> Iterator[str]:
-    """The chart installed into the test control plane, in the test namespace."""
-    name = namespace[:40].rstrip("-")
+async def release(
+    helm: Path, cluster: Any, namespace: str, kube_api: client.ApiClient
+) -> AsyncIterator[str]:
+    """The chart installed into its own short-named namespace, serving the test namespace.
+
+    Short, because the service account's user name goes into a certificate's common name
+    (at most 64 characters).
+    """
+    name = f"dkc-{secrets.token_hex(3)}"
+    core = client.CoreV1Api(kube_api)
+    await core.create_namespace({"metadata": {"name": name}})
+    kubeconfig = ["--kubeconfig", str(cluster.kubeconfig)]
     run_helm(
         helm,
         "install",
         name,
         str(CHART),
         "--namespace",
-        namespace,
-        "--kubeconfig",
-        str(cluster.kubeconfig),
+        name,
+        *kubeconfig,
         *adapter_values(namespace),
     )
     try:
         yield name
     finally:
-        run_helm(
-            helm,
-            "uninstall",
-            name,
-            "--namespace",
-            namespace,
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            check=False,
-        )
+        run_helm(helm, "uninstall", name, "--namespace", name, *kubeconfig, check=False)
+        await core.delete_namespace(name)
 
 
 async def test_installed_chart_lets_the_operator_run_jobs_as_its_service_account(
     cluster: Any, namespace: str, release: str, kube_api: client.ApiClient, tmp_path: Path
 ) -> None:
-    accounts = await client.CoreV1Api(kube_api).list_namespaced_service_account(namespace)
-    (account,) = [a.metadata.name for a in accounts.items if a.metadata.name.startswith(release)]
+    account = f"{release}-dispatch-kubeflow"
+    found = await client.CoreV1Api(kube_api).read_namespaced_service_account(account, release)
+    assert found.metadata.name == account
     identity = cluster.kubeconfig_for(
-        f"system:serviceaccount:{namespace}:{account}",
-        ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+        f"system:serviceaccount:{release}:{account}",
+        ["system:serviceaccounts", f"system:serviceaccounts:{release}"],
     )
-    scene = Scene(kube_api, namespace)
+    installed = Scene(kube_api, release)  # where the chart put the KubeflowAdapter
+    scene = Scene(kube_api, namespace)  # the namespace it serves
     await scene.ensure_runtime()
-    adapter = await scene.adapter()
-    assert adapter["spec"]["namespace"] == namespace  # created by the chart
+    adapter = await installed.adapter()
+    assert adapter["spec"]["namespace"] == namespace
 
     events = tmp_path / "events.jsonl"
-    async with running_operator(identity, [namespace], events):
-        await scene.ready_adapter()
+    async with running_operator(identity, [], events):  # every namespace, as the chart runs it
+        await installed.ready_adapter()
         await scene.create_job("charted")
         await scene.job_in_state("charted", "Pending")
         await scene.play_running("charted-1")

@@ -69,6 +69,8 @@ async def running_operator(
 ) -> AsyncIterator[threading.Thread]:
     """The operator, in a thread with its own event loop, until the block ends (stopped cleanly).
 
+    No ``namespaces`` is every namespace, as the chart runs it (``--all-namespaces``).
+
     A thread rather than a task of the test's loop: when kopf stops, it cancels every task of its
     loop created after it started, which would include pytest's fixture teardown.
     """
@@ -80,6 +82,7 @@ async def running_operator(
             target=kopf.run,
             kwargs={
                 "standalone": True,
+                "clusterwide": not namespaces,
                 "namespaces": namespaces,
                 "stop_flag": stop,
                 "ready_flag": ready,
