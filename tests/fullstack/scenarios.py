@@ -124,11 +124,20 @@ class EventLog:
         )
 
     def assert_exactly_once(self, job_id: str) -> None:
-        """No transition of the job was reported twice: every (attempt, type, state, cause,
-        reason) occurs once, and each attempt finished at most once."""
-        keys = [(e.attempt, e.type, e.state, e.cause, e.reason) for e in self.of(job_id)]
-        repeated = [key for key, count in Counter(keys).items() if count > 1]
-        assert not repeated, f"{job_id}: reported more than once: {repeated}"
+        """No transition of the job was reported twice.
+
+        An eviction or a restart starts a new round in which Admitted and Running may
+        legitimately come again; within one round every (attempt, type, state, cause, reason)
+        occurs once, and each attempt finishes at most once.
+        """
+        rounds: list[list[tuple[Any, ...]]] = [[]]
+        for event in self.of(job_id):
+            if event.type in (EventType.EVICTED, EventType.RESTARTED):
+                rounds.append([])
+            rounds[-1].append((event.attempt, event.type, event.state, event.cause, event.reason))
+        for keys in rounds:
+            repeated = [key for key, count in Counter(keys).items() if count > 1]
+            assert not repeated, f"{job_id}: reported more than once: {repeated}"
         finished = Counter(e.attempt for e in self.of(job_id) if e.type == EventType.FINISHED)
         assert all(count == 1 for count in finished.values()), f"{job_id}: {finished}"
 

