@@ -260,7 +260,7 @@ class AdapterSession:
         try:
             await self.write(ready_status(self.generation))
             async for event in adapter.watch():
-                await self._route(event, router)
+                await self._route(event, router, settings.namespace)
             raise RuntimeError("the watch stream ended")
         except asyncio.CancelledError:
             raise
@@ -272,9 +272,9 @@ class AdapterSession:
             with contextlib.suppress(Exception):
                 await adapter.close()
 
-    async def _route(self, event: DispatchEvent, router: JobEventRouter) -> None:
+    async def _route(self, event: DispatchEvent, router: JobEventRouter, served: str) -> None:
         wire = event.model_dump(mode="json", by_alias=True)
-        self.event_lines.write({"adapter": self.name, "namespace": self.namespace, **wire})
+        self.event_lines.write({"adapter": self.name, "namespace": served, **wire})
         if event.type is EventType.ADMISSION_HEARTBEAT:
             await self.write(heartbeat_status(event, self.generation))
             return
