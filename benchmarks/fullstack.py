@@ -100,7 +100,12 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 async def run(
-    plane: ControlPlane, stack: FullStack, jobs: int, gpus: int, seconds: float
+    plane: ControlPlane,
+    stack: FullStack,
+    jobs: int,
+    gpus: int,
+    seconds: float,
+    concurrency: int,
 ) -> dict[str, Any]:
     plane.kubectl("create", "namespace", NAMESPACE)
     stack.create_queues(NAMESPACE, gpus=gpus)
@@ -132,21 +137,25 @@ async def run(
     try:
         async with open_adapter(text, "bench") as (adapter, log):
             started = time.monotonic()
-            for index in range(jobs):
-                await adapter.start(job(f"j{index}", seconds=seconds, num_nodes=1, gpus_per_node=1))
+            gate = asyncio.Semaphore(concurrency)
+
+            async def submit(index: int) -> None:
+                async with gate:
+                    spec = job(f"j{index}", seconds=seconds, num_nodes=1, gpus_per_node=1)
+                    await adapter.start(spec)
+
+            await asyncio.gather(*(submit(index) for index in range(jobs)))
             submitted = time.monotonic()
             deadline = started + 60 + jobs * (seconds + 5)
-            seen_count = 0
-            while True:
-                for event in log.events[seen_count:]:
-                    if event.job is not None:
-                        ours.setdefault((event.job, str(event.type)), time.monotonic())
-                seen_count = len(log.events)
-                done = {j for (j, t) in ours if t == EventType.FINISHED}
-                if len(done) >= jobs or time.monotonic() > deadline:
+            while time.monotonic() < deadline:
+                done = {e.job for e in log.events if e.type == EventType.FINISHED}
+                if len(done) >= jobs:
                     break
                 await asyncio.sleep(0.05)
             finished = time.monotonic()
+            for event, at in zip(log.events, log.received, strict=True):
+                if event.job is not None:
+                    ours.setdefault((event.job, str(event.type)), at)
             failed = [
                 e.job for e in log.events if e.type == EventType.FINISHED and e.state != "Succeeded"
             ]
@@ -171,6 +180,7 @@ async def run(
         "not_succeeded": failed,
         "gpus_in_queue": gpus,
         "rank_seconds": seconds,
+        "start_concurrency": concurrency,
         "submit_seconds": round(submitted - started, 1),
         "wall_seconds": round(finished - started, 1),
         "jobs_per_minute": round(len(done) / ((finished - started) / 60), 1),
@@ -186,6 +196,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--gpus", type=int, default=8, help="GPU quota of the ClusterQueue")
     parser.add_argument("--seconds", type=float, default=1.0, help="how long each rank runs")
+    parser.add_argument("--concurrency", type=int, default=8, help="start calls in flight at once")
     args = parser.parse_args()
     binaries.build()
     build.build()
@@ -197,7 +208,9 @@ def main() -> int:
             started = time.monotonic()
             stack.start()
             stack_start = time.monotonic() - started
-            result = asyncio.run(run(plane, stack, args.jobs, args.gpus, args.seconds))
+            result = asyncio.run(
+                run(plane, stack, args.jobs, args.gpus, args.seconds, args.concurrency)
+            )
             result["stack_start_seconds"] = round(stack_start, 1)
         finally:
             stack.stop()

@@ -77,12 +77,15 @@ class EventLog:
     def __init__(self, adapter: Adapter) -> None:
         self.adapter = adapter
         self.events: list[DispatchEvent] = []
+        # time.monotonic() when each event arrived, by index in `events`.
+        self.received: list[float] = []
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def _collect(self) -> None:
         async for event in self.adapter.watch():
             self.events.append(event)
+            self.received.append(time.monotonic())
             self._changed.set()
 
     def start(self) -> None:
