@@ -47,6 +47,7 @@ Sleep = Callable[[float], Awaitable[None]]
 LEASE_GROUP = "coordination.k8s.io"
 LEASE_VERSION = "v1"
 LEASES = "leases"
+RELEASE_ATTEMPTS = 3
 JITTER_FACTOR = 1.2  # client-go's JitterFactor: a candidate retries after retry_period * [1, 1.2)
 
 
@@ -341,26 +342,39 @@ class LeaderElector:
         return True
 
     async def release(self) -> bool:
-        """Give the Lease up if this candidate holds it: empty holder, one-second duration."""
-        if not self.holds_record() or self._observed is None:
+        """Give the Lease up if this candidate holds it: empty holder, one-second duration.
+
+        The Lease is read again first: a renewal cut off by cancellation may have landed on the
+        server without this candidate seeing its new resourceVersion.
+        """
+        if not self.holds_record():
             return True
-        now = self._clock()
-        released = LeaseRecord(
-            holder_identity="",
-            lease_duration_seconds=1,
-            acquire_time=now,
-            renew_time=now,
-            lease_transitions=self._observed.lease_transitions,
-            resource_version=self._observed.resource_version,
-        )
         self._renewed_at = None
-        try:
-            self._observed = await self.store.update(released)
-        except (LeaseConflict, ApiException, OSError, TimeoutError) as exc:
-            log.warning("leader election: cannot release the Lease: %s", exc)
-            return False
-        self._observed_time = now
-        return True
+        for _ in range(RELEASE_ATTEMPTS):
+            now = self._clock()
+            try:
+                current = await self.store.get()
+                if current is None or current.holder_identity != self.identity:
+                    self._observed = current
+                    return True
+                released = LeaseRecord(
+                    holder_identity="",
+                    lease_duration_seconds=1,
+                    acquire_time=now,
+                    renew_time=now,
+                    lease_transitions=current.lease_transitions,
+                    resource_version=current.resource_version,
+                )
+                self._observed = await self.store.update(released)
+                self._observed_time = now
+                return True
+            except LeaseConflict:
+                continue
+            except (ApiException, OSError, TimeoutError) as exc:
+                log.warning("leader election: cannot release the Lease: %s", exc)
+                return False
+        log.warning("leader election: the Lease kept changing while releasing it")
+        return False
 
     # The loop.
 

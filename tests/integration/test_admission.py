@@ -334,15 +334,24 @@ def managed_by(obj: dict[str, Any], manager: str) -> list[dict[str, Any]]:
     return [m for m in obj["metadata"].get("managedFields", []) if m.get("manager") == manager]
 
 
+async def cancel_and_wait(task: asyncio.Task[Any], what: str) -> None:
+    """Cancel ``task`` and wait for it, failing (not hanging) if it does not stop."""
+    task.cancel()
+    try:
+        async with asyncio.timeout(WAIT):
+            await asyncio.gather(task, return_exceptions=True)
+    except TimeoutError:
+        pytest.fail(f"{what} did not stop within {WAIT}s of being cancelled")
+
+
 @contextlib.asynccontextmanager
 async def running(*controllers: AdmissionController) -> AsyncIterator[list[asyncio.Task[None]]]:
     tasks = [asyncio.create_task(c.run()) for c in controllers]
     try:
         yield tasks
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for controller, task in zip(controllers, tasks, strict=True):
+            await cancel_and_wait(task, f"replica {controller.cfg.identity}")
 
 
 @pytest.fixture
@@ -541,16 +550,14 @@ async def test_the_standby_takes_over_within_the_lease_duration_when_the_leader_
     b = scene.controller("b")
 
     task_a = asyncio.create_task(a.run())
+    await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
     async with running(b):
-        await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
         await scene.kueue_reserves(names[0])
         await scene.wait_for_state(names[0], CheckState.READY)
 
         # The leader dies while Kueue reserves quota for the rest.
         reserving = [asyncio.create_task(scene.kueue_reserves(n)) for n in names[1:]]
-        task_a.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task_a
+        await cancel_and_wait(task_a, "replica a")
         died = loop.time()
         await asyncio.gather(*reserving)
 
@@ -571,12 +578,10 @@ async def test_a_released_lease_is_taken_over_at_the_next_retry(scene: Scene) ->
     loop = asyncio.get_running_loop()
     a, b = scene.controller("a"), scene.controller("b")
     task_a = asyncio.create_task(a.run())
+    await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
     async with running(b):
-        await eventually(lambda: _holder_is(scene, "a"), "replica a to take the Lease")
-        await asyncio.sleep(0.5)
-        task_a.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task_a
+        await asyncio.sleep(0.5)  # b sees a's Lease being renewed
+        await cancel_and_wait(task_a, "replica a")
         released = loop.time()
         await eventually(lambda: _holder_is(scene, "b"), "replica b to take the Lease")
         took_over = loop.time() - released
@@ -657,9 +662,7 @@ async def test_the_adapters_heartbeat_follows_the_lease_going_stale_and_fresh(
             _, gate, _ = await beats.get()
         assert gate == "open"
 
-        task_a.cancel()  # a crash: the Lease is left to expire
-        with contextlib.suppress(asyncio.CancelledError):
-            await task_a
+        await cancel_and_wait(task_a, "replica a")  # a crash: the Lease is left to expire
         crashed = loop.time()
         async with asyncio.timeout(WAIT):
             at, gate, reason = await beats.get()
@@ -678,7 +681,5 @@ async def test_the_adapters_heartbeat_follows_the_lease_going_stale_and_fresh(
         assert (gate, reason) == ("closed", "LeaseReleased")
         assert at - released < FAST.lease_duration.total_seconds()
     finally:
-        collector.cancel()
-        task_a.cancel()
-        await asyncio.gather(collector, task_a, return_exceptions=True)
-        await events.aclose()
+        await cancel_and_wait(task_a, "replica a")
+        await cancel_and_wait(collector, "the adapter's event stream")

@@ -185,6 +185,19 @@ async def test_release_empties_the_holder_so_a_standby_takes_over_at_once() -> N
     assert store.record.holder_identity == "b"
 
 
+async def test_release_succeeds_after_a_renewal_whose_answer_was_lost() -> None:
+    """A renewal cut off by cancellation can land unseen: release must not trip on it."""
+    store, clock = MemoryLeaseStore(), FakeClock()
+    a = elector(store, "a", clock)
+    await a.try_acquire_or_renew()
+    assert store.record is not None
+    store._store(store.record.model_copy(update={"renew_time": T0 + timedelta(seconds=2)}))
+
+    assert await a.release()
+
+    assert store.record.holder_identity == ""
+
+
 async def test_release_by_a_non_holder_writes_nothing() -> None:
     store, clock = MemoryLeaseStore(), FakeClock()
     a, b = elector(store, "a", clock), elector(store, "b", clock)
