@@ -325,14 +325,20 @@ async def serve_adapter(
         await session.run(until=(changed, stopped))
 
 
-@kopf.on.event(GROUP, VERSION, KUBEFLOW_ADAPTERS)
-async def notice_spec_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """End the running session when the spec's generation moves on.
+def generation_moved_on(body: kopf.Body, memo: Any, **_: Any) -> bool:
+    """The resource's generation is not the one its running session serves."""
+    serving = memo.get("serving_generation")
+    generation = body.get("metadata", {}).get("generation")
+    return serving is not None and generation != serving
+
+
+# The filter keeps kopf from invoking (and logging) the handler for every status write.
+@kopf.on.event(GROUP, VERSION, KUBEFLOW_ADAPTERS, when=generation_moved_on)
+async def notice_spec_change(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """End the running session: its spec is no longer the resource's.
 
     Async on purpose: kopf runs sync handlers in a thread, and asyncio.Event is not thread-safe.
     """
-    serving = memo.get("serving_generation")
     changed = memo.get("spec_changed")
-    generation = body.get("metadata", {}).get("generation")
-    if changed is not None and serving is not None and generation != serving:
+    if changed is not None and generation_moved_on(body, memo):
         changed.set()
