@@ -550,3 +550,29 @@ async def test_each_transition_is_reported_once_across_an_operator_restart(
     assert types == ["Submitted", "Admitted", "Running", "Finished"]
     lines = [e["type"] for e in event_lines(events) if e.get("job") == "survivor"]
     assert lines == types
+
+
+async def test_a_job_the_adapter_refuses_finishes_failed_with_the_reason(
+    scene: Scene, operator: Path
+) -> None:
+    await scene.apply_adapter(scene.adapter_spec())
+    await scene.ready_adapter()
+    await scene.create_job("elsewhere", runtime={"kind": "TrainingRuntime", "name": "unlisted"})
+
+    async def refused() -> dict[str, Any] | None:
+        body = await scene.job("elsewhere")
+        finished = condition(body, "Finished")
+        return body if finished and finished["status"] == "True" else None
+
+    body = await eventually(refused, "the refused DispatchJob to finish")
+    status = body["status"]
+    assert (status["state"], status["reason"]) == ("Failed", "Unsupported")
+    assert "unlisted" in status["message"]
+    assert await scene.trainjob("elsewhere-1") is None
+
+    async def warned() -> list[Any] | None:
+        found = [e for e in await scene.kube_events("elsewhere") if e.reason == "Unsupported"]
+        return found or None
+
+    (event,) = await eventually(warned, "a Warning Event on the DispatchJob")
+    assert event.type == "Warning"
