@@ -234,6 +234,9 @@ def test_dispatch_admission_renders_with_its_own_identity_and_the_adapters_setti
     pod = deployments["dispatch-dispatch-kubeflow-admission"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "dispatch-dispatch-kubeflow-admission"
     assert pod["containers"][0]["command"] == ["python", "-m", "dispatch_kubeflow.admission"]
+    check = one(docs, "AdmissionCheck")
+    assert check["metadata"]["name"] == "dispatch-gate"
+    assert check["spec"]["controllerName"] == "dispatch.phpboyscout.uk/admission"
 
     refused = run_helm(
         helm,
