@@ -2,6 +2,7 @@
 
     python3 benchmarks/watch_events.py                      # 2,000 jobs, 10,000 transitions
     python3 benchmarks/watch_events.py --jobs 200           # smaller run
+    python3 benchmarks/watch_events.py --rate 100           # paced: 100 status writes a second
     python3 benchmarks/watch_events.py --kubeconfig ~/.kube/config --namespace bench
 
 By default it starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no
@@ -11,6 +12,9 @@ supervisor runs in a child process (so its peak memory is its own) in Kueue mode
 then plays the controllers and writes five status transitions per job, each of which gives
 exactly one event: Workload admitted (Admitted), pod running (Running), JobSet restarted
 (Restarted), Workload preempted (Evicted), TrainJob complete (Finished).
+
+Unpaced, the writes outrun what the supervisor can report and the latency measures the backlog;
+``--rate`` paces them to show the latency at a sustained rate.
 
 Printed: event latency from just before the write is sent to the moment the supervisor yields
 the event (p50, p99, max), the supervisor's API requests per job (its LISTs, WATCHes and record
@@ -293,7 +297,7 @@ class Events:
 
 
 async def drive(
-    kubeconfig: Path, namespace: str, jobs: int, concurrency: int, events: Events
+    kubeconfig: Path, namespace: str, jobs: int, concurrency: int, rate: float, events: Events
 ) -> dict[str, Any]:
     api = await config.new_client_from_config(config_file=str(kubeconfig))
     cluster = Cluster(api, namespace)
@@ -313,14 +317,19 @@ async def drive(
     admitted_at = datetime.now(UTC).replace(microsecond=0)
     written: dict[tuple[str, str], float] = {}
 
-    async def step(job: str, type_: str) -> None:
+    async def step(job: str, type_: str, at: float) -> None:
+        if rate:
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
         async with gate:
             written[(job, type_)] = time.time()
             await cluster.transition(job, type_, admitted_at)
 
     began = time.perf_counter()
     for type_ in TRANSITIONS:
-        await asyncio.gather(*(step(job, type_) for job in names))
+        start = time.perf_counter()
+        await asyncio.gather(
+            *(step(job, type_, start + i / rate if rate else 0.0) for i, job in enumerate(names))
+        )
         await events.wait([(job, type_) for job in names], limit=600)
         progress(f"{type_}: all {jobs} events in")
     driven = time.perf_counter() - began
@@ -330,6 +339,7 @@ async def drive(
     return {
         "jobs": jobs,
         "transitions": len(written),
+        "rate_limit_per_second": rate or None,
         "create_seconds": round(created, 1),
         "transition_seconds": round(driven, 1),
         "latency_ms": {
@@ -360,6 +370,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16, help="writes in flight")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="transitions written per second (0: as fast as possible)",
+    )
     parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (default: start one)")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
     args = parser.parse_args()
@@ -376,7 +392,7 @@ def main() -> int:
         events = Events(queue)
         try:
             result = asyncio.run(
-                drive(kubeconfig, args.namespace, args.jobs, args.concurrency, events)
+                drive(kubeconfig, args.namespace, args.jobs, args.concurrency, args.rate, events)
             )
         finally:
             stop.set()

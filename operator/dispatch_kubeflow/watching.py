@@ -76,6 +76,8 @@ FLUSH_EVERY = 100
 DEFAULT_WATCH_TIMEOUT = timedelta(minutes=5)
 BACKOFF_MAX = 30.0
 SAVE_RETRY_DELAY = 1.0
+# Record saves in flight at once when many jobs changed together.
+SAVE_CONCURRENCY = 32
 
 JobKey = tuple[str, int]
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
@@ -773,11 +775,10 @@ class Supervisor:
                 unflushed += 1
                 if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
                     continue  # coalesce a burst of changes before deriving
-                for key in sorted(dirty):
-                    for event in await self._report(key):
+                keys, dirty, unflushed = sorted(dirty), set(), 0
+                for events in await self._report_all(keys):
+                    for event in events:
                         yield event
-                dirty.clear()
-                unflushed = 0
         finally:
             for task in tasks:
                 task.cancel()
@@ -803,6 +804,16 @@ class Supervisor:
         if isinstance(self._store, ListingReportStore):
             return set(await self._store.unfinished())
         return set()
+
+    async def _report_all(self, keys: list[JobKey]) -> list[list[DispatchEvent]]:
+        """Derive and report many jobs at once: their record saves go out concurrently."""
+        gate = asyncio.Semaphore(SAVE_CONCURRENCY)
+
+        async def one(key: JobKey) -> list[DispatchEvent]:
+            async with gate:
+                return await self._report(key)
+
+        return list(await asyncio.gather(*(one(key) for key in keys)))
 
     async def _report(self, key: JobKey) -> list[DispatchEvent]:
         if key in self._finished:
