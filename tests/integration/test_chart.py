@@ -112,6 +112,10 @@ def test_the_deployment_is_one_recreated_non_root_replica_with_a_liveness_probe(
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert container["args"][0] == "run"
     assert pod["serviceAccountName"] == one(render(helm), "ServiceAccount")["metadata"]["name"]
+    assert "--all-namespaces" in container["args"]
+    narrowed = one(render(helm, "--set-json", 'operator.namespaces=["a","b"]'), "Deployment")
+    args = narrowed["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if "namespace" in a] == ["--namespace=a", "--namespace=b"]
 
 
 def test_the_cluster_role_is_the_rule_files_and_nothing_else(helm: Path) -> None:
