@@ -33,7 +33,7 @@ RECIPE = "1"
 BUILD_JOBS = os.environ.get("DISPATCH_KUBEFLOW_GO_BUILD_JOBS", "2")
 
 
-class BuildError(RuntimeError):
+class BuildError(controlplane_binaries.BuildError):
     """The Go toolchain could not produce a full-stack binary."""
 
 

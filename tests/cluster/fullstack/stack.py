@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import yaml
 
 from tests.cluster import crds
-from tests.cluster.controlplane import free_port
+from tests.cluster.controlplane import ControlPlaneError, free_port
 from tests.cluster.fullstack import build, webhooks
 from tests.cluster.pki import CertificateAuthority
 
@@ -79,7 +79,7 @@ KWOK_STAGE_DELAY_MS = 100
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 
 
-class StackError(RuntimeError):
+class StackError(ControlPlaneError):
     """A full-stack process did not start or stop as it should."""
 
 
@@ -201,6 +201,8 @@ class FullStack:
 
     def stop(self) -> None:
         """Stop every process of the stack (the control plane is left running)."""
+        if not self.pids:
+            return
         errors = []
         for name in reversed(self.PROCESSES):
             try:
