@@ -435,6 +435,11 @@ class LeaderElector:
             async with asyncio.timeout(bound.total_seconds()):
                 return await self.try_acquire_or_renew()
         except TimeoutError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # Python 3.11's timeout can turn a cancellation that races its deadline into
+                # TimeoutError; a shutdown must not be mistaken for a slow request.
+                raise asyncio.CancelledError from None
             log.warning("leader election: Lease request timed out after %s", bound)
             return False
 
