@@ -683,3 +683,42 @@ async def test_the_adapters_heartbeat_follows_the_lease_going_stale_and_fresh(
     finally:
         await cancel_and_wait(task_a, "replica a")
         await cancel_and_wait(collector, "the adapter's event stream")
+
+
+# Faults of the API server.
+
+
+async def test_decisions_continue_after_an_apiserver_restart_and_etcd_compaction(
+    scene: Scene, cluster: Any
+) -> None:
+    """Every watch breaks and cannot resume from its old resourceVersion: the mirrors relist."""
+    core = client.CoreV1Api(scene.api)
+    first = await scene.workload_for(await scene.trainjob("job-1"))
+    controller = scene.controller("a")
+
+    async with running(controller):
+        await scene.kueue_reserves(first, evictions=1)
+        await scene.wait_for_state(first, CheckState.PENDING, lambda m: m.startswith("held"))
+        for i in range(3):  # history the mirrors' watches never see, then compacted away
+            await core.create_namespaced_config_map(
+                scene.namespace, {"metadata": {"name": f"filler-{i}"}}
+            )
+        await asyncio.to_thread(cluster.compact_etcd)
+
+        async def retried(call: Callable[[], Any]) -> Any:
+            # The first request on a connection pooled before the restart may find it closed.
+            async def attempt() -> Any:
+                try:
+                    return await call() or True
+                except (ApiException, OSError) as exc:
+                    if isinstance(exc, ApiException) and exc.status < 500:
+                        raise
+                    return None
+
+            return await eventually(attempt, "the API server to answer again")
+
+        await retried(lambda: scene.annotate("job-1", ANNOTATION_READMIT, "1"))
+        await scene.wait_for_state(first, CheckState.READY)
+        second = await scene.workload_for(await scene.trainjob("job-2"))
+        await scene.kueue_reserves(second)
+        await scene.wait_for_state(second, CheckState.READY)
