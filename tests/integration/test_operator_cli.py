@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.test_operator import Scene, eventually
+from tests.cluster import binaries
+from tests.integration.test_operator import Scene, eventually, running_operator
 
 
 def free_port() -> int:
@@ -125,3 +126,26 @@ async def test_plain_kopf_run_of_the_handlers_module_serves_adapters(
         await scene.apply_adapter(scene.adapter_spec())
         body = await scene.ready_adapter()
     assert body["status"]["mode"] == "plain"
+
+
+async def test_kubectl_wait_for_condition_finished_returns_when_the_job_finishes(
+    cluster: Any, scene: Scene, tmp_path: Path
+) -> None:
+    async with running_operator(cluster.kubeconfig, [scene.namespace], tmp_path / "events"):
+        await scene.apply_adapter(scene.adapter_spec())
+        await scene.ready_adapter()
+        await scene.create_job("awaited")
+        await scene.job_in_state("awaited", "Pending")
+        wait = await asyncio.create_subprocess_exec(
+            str(binaries.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig),
+            "wait", "--for=condition=Finished", "dj/awaited", "-n", scene.namespace,
+            "--timeout=60s",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(wait.wait()), 2)
+        assert wait.returncode is None, "kubectl wait returned before the job finished"
+        await scene.play_deadline_exceeded("awaited-1")
+        output, _ = await asyncio.wait_for(wait.communicate(), 60)
+    assert wait.returncode == 0, output.decode()
+    assert b"condition met" in output
