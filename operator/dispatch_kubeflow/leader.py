@@ -344,11 +344,10 @@ class LeaderElector:
     async def release(self) -> bool:
         """Give the Lease up if this candidate holds it: empty holder, one-second duration.
 
-        The Lease is read again first: a renewal cut off by cancellation may have landed on the
-        server without this candidate seeing its new resourceVersion.
+        The Lease is read again first, and released whenever it names this candidate: an acquire
+        or renewal cut off by cancellation may have landed on the server without this candidate
+        seeing the answer.
         """
-        if not self.holds_record():
-            return True
         self._renewed_at = None
         for _ in range(RELEASE_ATTEMPTS):
             now = self._clock()

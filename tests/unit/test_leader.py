@@ -198,6 +198,17 @@ async def test_release_succeeds_after_a_renewal_whose_answer_was_lost() -> None:
     assert store.record.holder_identity == ""
 
 
+async def test_release_succeeds_after_an_acquire_whose_answer_was_lost() -> None:
+    store, clock = MemoryLeaseStore(), FakeClock()
+    a = elector(store, "a", clock)
+    await store.create(LeaseRecord(holder_identity="a", lease_duration_seconds=15))
+
+    assert await a.release()
+
+    assert store.record is not None
+    assert store.record.holder_identity == ""
+
+
 async def test_release_by_a_non_holder_writes_nothing() -> None:
     store, clock = MemoryLeaseStore(), FakeClock()
     a, b = elector(store, "a", clock), elector(store, "b", clock)
