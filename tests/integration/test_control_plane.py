@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
-from tests.cluster.controlplane import ControlPlane
 
 from dispatch_kubeflow import constants
+from tests.cluster import binaries
+from tests.cluster.controlplane import ControlPlane
 
 EVENT_TIMEOUT = 20.0
 MERGE_PATCH = "application/merge-patch+json"
@@ -113,6 +115,12 @@ def _workload(name: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+async def test_server_reports_the_pinned_kubernetes_version(kube_api: client.ApiClient) -> None:
+    info = await client.VersionApi(kube_api).get_code()
+    assert info.git_version == binaries.kubernetes_version()
+    assert (info.major, info.minor) == ("1", binaries.kubernetes_version().split(".")[1])
 
 
 async def test_trainjob_create_watch_patch_delete(
@@ -400,5 +408,46 @@ async def test_watch_from_compacted_resource_version_gets_410(
         assert compacted.value.status == 410
         latest = _rv(await leases.list_namespaced_lease(namespace))
         assert int(latest) > int(old)
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+def private_plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of this test's own: controllers started here must not reach other tests."""
+    plane = ControlPlane(tmp_path / "plane", binaries.build())
+    plane.start(install_crds=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+async def test_controller_manager_collects_garbage(private_plane: ControlPlane) -> None:
+    private_plane.start_controller_manager()
+    private_plane.start_controller_manager()  # idempotent
+    api = await config.new_client_from_config(config_file=str(private_plane.kubeconfig))
+    try:
+        core = client.CoreV1Api(api)
+        owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
+        owned_by = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "owner",
+            "uid": owner.metadata.uid,
+        }
+        await core.create_namespaced_config_map(
+            "default", {"metadata": {"name": "dependent", "ownerReferences": [owned_by]}}
+        )
+        await core.delete_namespaced_config_map("owner", "default")
+        async with asyncio.timeout(EVENT_TIMEOUT):
+            while True:
+                names = {
+                    cm.metadata.name
+                    for cm in (await core.list_namespaced_config_map("default")).items
+                }
+                if "dependent" not in names:
+                    break
+                await asyncio.sleep(0.2)
     finally:
         await api.close()
