@@ -107,7 +107,7 @@ async def test_job_over_quota_is_pending_for_lack_of_capacity(
         # 2 nodes x 8 GPUs against a ClusterQueue with 8.
         await adapter.start(job("big", num_nodes=2, gpus_per_node=8))
         pending = await log.wait_for(
-            lambda e: e.job == "big" and e.cause == Cause.NO_CAPACITY, 60.0, "NoCapacity for big"
+            lambda e: e.job == "big" and e.cause == Cause.NO_CAPACITY, 30.0, "NoCapacity for big"
         )
         found = await adapter.find("big")
 
@@ -153,6 +153,8 @@ async def test_preempted_job_waits_at_the_gate_and_is_readmitted(
 
     assert evicted.cause == Cause.PREEMPTED
     assert held.state == State.PENDING
+    (check,) = held.current.workload["status"]["admissionChecks"]  # type: ignore[index]
+    assert (check["name"], check["state"]) == (ADMISSION_CHECK, "Pending")
     assert readmitted.state == State.RUNNING
     low_log.assert_exactly_once("low")
 
