@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,12 +185,16 @@ class ControlPlane:
         self.stop_apiserver()
         self.start_apiserver()
 
-    def start_controller_manager(self) -> None:
-        """Start kube-controller-manager (garbage collector, Job, node lifecycle...); idempotent."""
+    def start_controller_manager(self, extra_args: Sequence[str] = ()) -> None:
+        """Start kube-controller-manager (garbage collector, Job, node lifecycle...); idempotent.
+
+        `extra_args` (e.g. `--node-monitor-grace-period=5s`) apply only when this call starts
+        it; a running controller-manager is left as it is.
+        """
         if self._running("kube-controller-manager"):
             return
         self.controller_manager_port = self.controller_manager_port or free_port()
-        self._spawn("kube-controller-manager", self._controller_manager_args())
+        self._spawn("kube-controller-manager", [*self._controller_manager_args(), *extra_args])
         url = f"https://127.0.0.1:{self.controller_manager_port}/healthz"
         self._wait_ready(
             "kube-controller-manager", lambda: self._https_get(url, verify=False) == 200
