@@ -8,6 +8,7 @@ get the `cluster` marker automatically, so `-m "not cluster"` skips them all.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import secrets
@@ -41,8 +42,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
     if any(_uses_cluster(item) for item in session.items) and not binaries.is_built():
+        # Show the build's progress: it can take many minutes the first time.
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        visible = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
         try:
-            binaries.build()
+            with visible:
+                binaries.build()
         except binaries.BuildError as error:
             _build_error = error
 

@@ -164,7 +164,10 @@ def _build_into(target: Path, log: bool) -> None:
             step = time.monotonic()
             result = subprocess.run(command, cwd=MODULE_DIR, env=env, check=False)
             if result.returncode != 0:
-                raise BuildError(f"`{' '.join(command)}` failed with exit code {result.returncode}")
+                raise BuildError(
+                    f"`go build {package}` ({name}) in {MODULE_DIR} failed with exit code "
+                    f"{result.returncode}; the Go output above says why"
+                )
             seconds[name] = round(time.monotonic() - step, 1)
             if log:
                 _say(f"  {name}: {seconds[name]:.0f} s")
