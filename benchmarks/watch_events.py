@@ -6,12 +6,13 @@
     python3 benchmarks/watch_events.py --kubeconfig ~/.kube/config --namespace bench
 
 By default it starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no
-controllers) in a temporary folder. For each job it creates what Trainer, JobSet and Kueue would:
-a TrainJob with the adapter's labels, its Workload, its JobSet and one pod. The
-supervisor runs in a child process (so its peak memory is its own) in Kueue mode; this process
-then plays the controllers and writes five status transitions per job, each of which gives
-exactly one event: Workload admitted (Admitted), pod running (Running), JobSet restarted
-(Restarted), Workload preempted (Evicted), TrainJob complete (Finished).
+controllers) in a temporary folder. For each job it creates what the adapter, Trainer, JobSet and
+Kueue would: a suspended TrainJob with the adapter's labels and a queue, its Workload, its JobSet
+and one pod. The supervisor runs in a child process (so its peak memory is its own) in Kueue mode;
+this process then plays the controllers and writes five status transitions per job, each of which
+gives exactly one event: Workload admitted and TrainJob unsuspended (Admitted), pod running
+(Running), JobSet restarted (Restarted), Workload preempted (Evicted), TrainJob complete
+(Finished).
 
 Unpaced, the writes outrun what the supervisor can report and the latency measures the backlog;
 ``--rate`` paces them to show the latency at a sustained rate.
@@ -108,7 +109,9 @@ async def _supervise(kubeconfig: str, namespace: str, out: Any, stop: Any) -> No
     await stopping.wait()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    out.put(("__done__", supervisor.requests(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+    watching = sum(i.requests for i in supervisor.informers)
+    figures = {"total": supervisor.requests(), "lists_and_watches": watching}
+    out.put(("__done__", figures, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
     await api.close()
 
 
@@ -157,9 +160,12 @@ class Cluster:
             body={
                 "apiVersion": f"{constants.TRAINER_GROUP}/{constants.TRAINER_VERSION}",
                 "kind": "TrainJob",
-                "metadata": {"name": f"{job}-1", "labels": self.labels(job)},
-                # Unsuspended from the start: admission is read from the Workload here.
-                "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": False},
+                "metadata": {
+                    "name": f"{job}-1",
+                    "labels": {**self.labels(job), constants.LABEL_QUEUE_NAME: "bench"},
+                },
+                # As Kueue's webhook leaves it: suspended until admitted.
+                "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True},
             },
             **tj_where,
         )
@@ -224,8 +230,16 @@ class Cluster:
         wl_where = self.where(constants.KUEUE_GROUP, constants.KUEUE_VERSION, "workloads")
         workload = f"trainjob-{job}-1-abcde"
         if step == "Admitted":
+            # Kueue admits the Workload, then unsuspends the TrainJob.
             await self._status(
                 wl_where, workload, {"conditions": [cond("Admitted", "Admitted", admitted_at)]}
+            )
+            patch: Callable[..., Awaitable[Any]] = self.custom.patch_namespaced_custom_object
+            await patch(
+                name=f"{job}-1",
+                body={"spec": {"suspend": False}},
+                _content_type=MERGE,
+                **self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs"),
             )
         elif step == "Running":
             container = {
@@ -268,7 +282,7 @@ class Events:
     def __init__(self, queue: Any) -> None:
         self.arrived: dict[tuple[str, str], float] = {}
         self.duplicates = 0
-        self.final: tuple[int, int] | None = None
+        self.final: tuple[dict[str, int], int] | None = None
         self._queue = queue
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
@@ -401,7 +415,8 @@ def main() -> int:
             asyncio.run(cleanup(kubeconfig, args.namespace))
     assert events.final is not None, "the supervisor did not report its figures"
     requests, peak_kib = events.final
-    result["supervisor_requests_per_job"] = round(requests / args.jobs, 2)
+    result["supervisor_requests_per_job"] = round(requests["total"] / args.jobs, 2)
+    result["supervisor_lists_and_watches"] = requests["lists_and_watches"]
     result["supervisor_peak_rss_mib"] = round(peak_kib / 1024, 1)
     result["duplicate_events"] = events.duplicates
     print(json.dumps(result, indent=2))

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from dispatch_kubeflow.constants import (
+    LABEL_QUEUE_NAME,
     LABEL_RESTART_ATTEMPT,
     PUBLISH_MAX_BYTES,
     TRAINER_NODE,
@@ -446,6 +447,10 @@ def _is_running(obs: JobObservation, pods: list[dict[str, Any]]) -> bool:
 def _is_admitted(obs: JobObservation) -> bool:
     """Admitted now: Kueue's Admitted condition, newer than any eviction; else not suspended."""
     if obs.workload is None:
+        # A TrainJob queued in Kueue is admitted only through its Workload, which may not be
+        # in view yet; without a queue it runs once it is not suspended.
+        if _dig(obs.train_job, "metadata", "labels", LABEL_QUEUE_NAME):
+            return False
         return obs.train_job is not None and _dig(obs.train_job, "spec", "suspend") is not True
     admitted = _condition(obs.workload, WL_ADMITTED)
     if admitted is None or not _is_true(admitted):

@@ -500,6 +500,14 @@ def test_admitted_follows_kueue_and_an_eviction_newer_than_admission_revokes_it(
     assert status_of(workload=readmitted).admitted
 
 
+def test_a_queued_trainjob_is_not_admitted_before_its_workload_is_seen() -> None:
+    tj = trainjob()
+    tj["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "user-queue"}
+    assert not status_of(train_job=tj).admitted
+    assert status_of(train_job=tj, workload=workload(ADMITTED)).admitted
+    assert status_of(train_job=trainjob()).admitted  # no queue: admitted when not suspended
+
+
 def test_restart_attempt_from_pods_and_jobset_and_old_incarnations_are_ignored() -> None:
     old = pod("old", phase="Failed", containers=[terminated(1)], restart_attempt=0)
     new = pod("new", phase="Running", restart_attempt=1)
