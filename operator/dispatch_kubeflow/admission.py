@@ -45,6 +45,7 @@ import logging
 import os
 import signal
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -94,6 +95,7 @@ Obj = Mapping[str, Any]
 
 APPLY_PATCH = "application/apply-patch+yaml"
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+WRITTEN_KEPT = 1024
 MAX_MESSAGE = 1024  # Kueue allows 32 KiB; a reason longer than this is a mistake, not a reason.
 
 
@@ -375,7 +377,8 @@ class AdmissionController:
         self.checks = Mirror("AdmissionCheck")
         self.workloads = Mirror("Workload")
         self.trainjobs = Mirror("TrainJob")
-        self.written: list[Written] = []
+        # The most recent decisions this replica wrote (for logs and tests); bounded.
+        self.written: deque[Written] = deque(maxlen=WRITTEN_KEPT)
         self._dirty: set[str] = set()
         self._check_dirty = True
         self._wake = asyncio.Event()
