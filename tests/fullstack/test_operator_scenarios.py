@@ -91,7 +91,7 @@ async def _create(
     await objects.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
 
 
-async def test_dispatch_job_succeeds_and_fails_through_the_operator(
+async def test_dispatch_jobs_end_with_their_causes_through_the_operator(
     fullstack: FullStack,
     cluster: ControlPlane,
     namespace: str,
@@ -110,7 +110,7 @@ async def test_dispatch_job_succeeds_and_fails_through_the_operator(
         },
     }
 
-    def dispatch_job(name: str, env: dict[str, str]) -> dict[str, Any]:
+    def dispatch_job(name: str, env: dict[str, str], **spec: Any) -> dict[str, Any]:
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "DispatchJob",
@@ -121,6 +121,7 @@ async def test_dispatch_job_succeeds_and_fails_through_the_operator(
                 "numNodes": 2,
                 "gpusPerNode": 1,
                 "env": [{"name": k, "value": v} for k, v in env.items()],
+                **spec,
             },
         }
 
@@ -138,15 +139,33 @@ async def test_dispatch_job_succeeds_and_fails_through_the_operator(
             "dispatchjobs",
             dispatch_job("bad", {"SIM_OUTCOME": "fail", "SIM_EXIT_CODE": "2"}),
         )
+        await _create(
+            objects,
+            namespace,
+            "dispatchjobs",
+            dispatch_job(
+                "oom", {"SIM_OUTCOME": "fail", "SIM_EXIT_CODE": "137", "SIM_REASON": "OOMKilled"}
+            ),
+        )
+        await _create(
+            objects,
+            namespace,
+            "dispatchjobs",
+            dispatch_job("late", {"SIM_OUTCOME": "hang"}, activeDeadlineSeconds=5),
+        )
         good = await _status_when(objects, namespace, "good", "Succeeded")
         bad = await _status_when(objects, namespace, "bad", "Failed")
+        oom = await _status_when(objects, namespace, "oom", "Failed")
+        late = await _status_when(objects, namespace, "late", "Failed")
 
     assert good.get("cause") is None
     finished = [e for e in good["events"] if e["type"] == "Finished"]
     assert len(finished) == 1
     assert finished[0].get("result") == {"accuracy": 0.93}
     assert bad["cause"] == "ProgramError"
-    for status in (good, bad):
+    assert oom["cause"] == "OutOfMemory"
+    assert (late["cause"], late["reason"]) == ("Timeout", "DeadlineExceeded")
+    for status in (good, bad, oom, late):
         keys = [
             (e["type"], e.get("state"), e.get("cause"), e.get("reason")) for e in status["events"]
         ]
