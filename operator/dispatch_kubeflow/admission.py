@@ -8,9 +8,10 @@ AdmissionCheck admits nothing until this controller marks the check ``Ready`` on
 The rules (``decide``):
 
 * A Workload's check is decided only while its entry is ``Pending`` and the Workload holds quota
-  (``QuotaReserved=True``), is active, and has not finished. A decision is final for that
-  admission: Kueue itself resets every check to ``Pending`` when it evicts, which starts the next
-  round. So the controller never changes a decision it made, and never writes one twice.
+  (``QuotaReserved=True``), is active, is not being evicted, and has not finished. A decision is
+  final for that admission: Kueue itself resets every check to ``Pending`` when it evicts, which
+  starts the next round. So the controller never changes a decision it made, and never writes one
+  twice.
 * The *eviction count* of a Workload (``eviction_count``) is the sum of
   ``status.schedulingStats.evictions[].count``, which Kueue increments in the same write that sets
   ``Evicted=True`` and resets the checks; at least 1 when an ``Evicted`` condition exists at all,
@@ -169,8 +170,8 @@ def decide(workload: Obj, trainjob: Obj | None, check: str) -> Decision | None:
         return None
     if not condition_true(workload, WORKLOAD_QUOTA_RESERVED):
         return None
-    if condition_true(workload, WORKLOAD_FINISHED):
-        return None
+    if condition_true(workload, WORKLOAD_FINISHED) or condition_true(workload, WORKLOAD_EVICTED):
+        return None  # an eviction in progress is decided at the requeue, when quota is reserved
     if (workload.get("spec") or {}).get("active") is False:
         return None
     decision = _decide_pending(workload, trainjob)

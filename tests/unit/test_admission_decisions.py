@@ -212,16 +212,24 @@ def test_a_decided_check_is_never_decided_again(state: str) -> None:
     assert decide(workload(state=state), trainjob({ANNOTATION_REJECT: "x"}), CHECK) is None
 
 
+def being_evicted() -> dict[str, Any]:
+    """Kueue's eviction write: Evicted=True, checks reset, count raised; quota not yet released."""
+    wl = workload(evictions=1)
+    wl["status"]["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
+    return wl
+
+
 @pytest.mark.parametrize(
     "wl",
     [
         workload(quota=False),
         workload(active=False),
         workload(finished=True),
+        being_evicted(),
     ],
-    ids=["no-quota", "deactivated", "finished"],
+    ids=["no-quota", "deactivated", "finished", "being-evicted"],
 )
-def test_nothing_is_decided_without_quota_or_on_an_inactive_or_finished_workload(
+def test_nothing_is_decided_without_quota_or_on_an_inactive_evicted_or_finished_workload(
     wl: dict[str, Any],
 ) -> None:
     assert decide(wl, trainjob(), CHECK) is None
