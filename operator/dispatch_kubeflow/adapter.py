@@ -23,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 from pydantic import BaseModel, ConfigDict
 
+from dispatch_kubeflow.admission import eviction_count
 from dispatch_kubeflow.connection import ApiClientWithTimeouts, connect
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
@@ -624,7 +625,7 @@ class Adapter:
     async def readmit(self, job_id: str) -> None:
         """Open the readmission gate of the job's current TrainJob for its latest eviction."""
         trainjob, found = await self._gate_target("readmit", job_id)
-        evictions = _eviction_count(found.current.workload)
+        evictions = eviction_count(found.current.workload or {})
         await self._annotate(trainjob, {ANNOTATION_READMIT: str(evictions)})
 
     async def reject(self, job_id: str, reason: str) -> None:
@@ -797,11 +798,6 @@ def _taints(node: Mapping[str, Any] | None) -> tuple[Taint, ...]:
 
 def _first(items: Any) -> Obj | None:
     return next(iter(items), None)
-
-
-def _eviction_count(workload: Mapping[str, Any] | None) -> int:
-    stats = ((workload or {}).get("status") or {}).get("schedulingStats") or {}
-    return sum(int(e.get("count") or 0) for e in stats.get("evictions") or ())
 
 
 def _seconds(duration: timedelta) -> str:

@@ -208,6 +208,27 @@ def run_operator(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# --- admission ----------------------------------------------------------------------------------
+
+
+def add_admission_command(commands: SubParsers) -> None:
+    # The controller owns its flags; this subcommand hands them over untouched, so that
+    # `dispatch-kubeflow admission --help` shows the controller's own usage.
+    parser = commands.add_parser(
+        "admission",
+        help="run dispatch-admission, the Kueue admission-check controller of the readmission gate",
+        add_help=False,
+    )
+    parser.add_argument("arguments", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=run_admission)
+
+
+def run_admission(args: argparse.Namespace) -> int:
+    from dispatch_kubeflow.admission import main as admission_main
+
+    return admission_main(args.arguments)
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 # Each adds one subcommand; its handler returns the exit status.
@@ -215,6 +236,7 @@ COMMANDS: Final[tuple[Callable[[SubParsers], None], ...]] = (
     add_schema_command,
     add_validate_command,
     add_run_command,
+    add_admission_command,
 )
 
 
@@ -230,7 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["admission"]:
+        # argparse cannot pass options through a subcommand untouched, so the controller's own
+        # parser gets them directly.
+        return run_admission(argparse.Namespace(arguments=arguments[1:]))
+    args = build_parser().parse_args(arguments)
     handler: Handler = args.handler
     return handler(args)
 

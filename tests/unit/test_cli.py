@@ -350,3 +350,20 @@ class TestUsage:
         code, _, err = run(["validate", str(tmp_path / "missing.json")], capsys)
         assert code == 2
         assert "cannot read" in err
+
+
+class TestAdmission:
+    def test_hands_its_options_to_the_controller(self, capsys: pytest.CaptureFixture[str]) -> None:
+        with pytest.raises(SystemExit) as exited:
+            main(["admission", "--help"])
+        assert exited.value.code == 0
+        assert capsys.readouterr().out.startswith("usage: dispatch-kubeflow admission")
+
+    def test_refuses_unreadable_settings_with_one_line(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        missing = tmp_path / "missing.json"
+        assert main(["admission", "--settings", str(missing)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert str(missing) in error
+        assert "\n" not in error
