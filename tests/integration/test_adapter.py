@@ -24,7 +24,6 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from tests.cluster.controlplane import ControlPlane
 
 from dispatch_kubeflow import connection
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig, check_trainer_api
@@ -53,6 +52,7 @@ from dispatch_kubeflow.settings import (
     Timeouts,
 )
 from dispatch_kubeflow.trainjob import EnvVar, JobSpec, build_trainjob, spec_hash
+from tests.cluster.controlplane import ControlPlane
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE_RUNTIME = ROOT / "examples" / "runtime.yaml"

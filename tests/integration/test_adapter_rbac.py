@@ -17,6 +17,11 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from dispatch_kubeflow.adapter import Adapter, AdapterConfig
+from dispatch_kubeflow.errors import ErrNotFound
+from dispatch_kubeflow.settings import Cluster, Kueue
+from dispatch_kubeflow.trainjob import JobSpec
 from tests.cluster.controlplane import ControlPlane
 from tests.integration.test_adapter import (
     create_runtime,
@@ -26,11 +31,6 @@ from tests.integration.test_adapter import (
     read_trainjob,
     settings_for,
 )
-
-from dispatch_kubeflow.adapter import Adapter, AdapterConfig
-from dispatch_kubeflow.errors import ErrNotFound
-from dispatch_kubeflow.settings import Cluster, Kueue
-from dispatch_kubeflow.trainjob import JobSpec
 
 RULES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files/rbac-adapter.yaml"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
+
+from dispatch_kubeflow.constants import CheckState
 from tests.integration.test_admission import (
     LEASE,
     WAIT,
@@ -18,8 +20,6 @@ from tests.integration.test_admission import (
     _holder_is,
     eventually,
 )
-
-from dispatch_kubeflow.constants import CheckState
 
 
 async def test_the_module_runs_leads_decides_and_releases_on_sigterm(

@@ -15,6 +15,14 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from dispatch_kubeflow.constants import (
+    ADMISSION_FIELD_MANAGER,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINJOBS,
+    CheckState,
+)
 from tests.integration.test_admission import (
     OTHER_CHECK,
     Scene,
@@ -23,14 +31,6 @@ from tests.integration.test_admission import (
     eventually,
     managed_by,
     running,
-)
-
-from dispatch_kubeflow.constants import (
-    ADMISSION_FIELD_MANAGER,
-    TRAINER_GROUP,
-    TRAINER_VERSION,
-    TRAINJOBS,
-    CheckState,
 )
 
 RULES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files/rbac-admission.yaml"

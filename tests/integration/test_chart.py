@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_asyncio import client
+
+from dispatch_kubeflow.constants import GROUP, VERSION
 from tests.helm import binary
 from tests.integration.test_operator import (
     ADAPTER,
@@ -27,8 +29,6 @@ from tests.integration.test_operator import (
     eventually,
     running_operator,
 )
-
-from dispatch_kubeflow.constants import GROUP, VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dispatch-kubeflow"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.cluster import binaries
 from tests.integration.test_operator import Scene, eventually, running_operator
 

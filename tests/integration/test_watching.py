@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
-from tests.cluster.controlplane import ControlPlane
 
 from dispatch_kubeflow import constants
 from dispatch_kubeflow.constants import Cause, EventType, State
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.settings import AdmissionLease, Kueue, RuntimeRef, Settings
 from dispatch_kubeflow.watching import Supervisor
+from tests.cluster.controlplane import ControlPlane
 
 EVENT_TIMEOUT = 30.0
 MERGE = "application/merge-patch+json"

@@ -6,8 +6,6 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.unit.test_events import ADMITTED, T1, T2, cond, pod, terminated, trainjob, workload
-
 from dispatch_kubeflow.constants import BUILTIN_LOSS_TAINTS, Cause, EventType, State
 from dispatch_kubeflow.events import (
     JobObservation,
@@ -18,6 +16,7 @@ from dispatch_kubeflow.events import (
     advance,
     derive,
 )
+from tests.unit.test_events import ADMITTED, T1, T2, cond, pod, terminated, trainjob, workload
 
 LOSS = frozenset(BUILTIN_LOSS_TAINTS)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
