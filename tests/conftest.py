@@ -55,14 +55,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A running etcd + kube-apiserver with the project's and the upstream CRDs installed."""
+    yield from running_control_plane(tmp_path_factory, "control-plane")
+
+
+def running_control_plane(
+    tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[ControlPlane]:
+    """Start a control plane of its own in a fresh folder; stop it when the caller is done."""
     if _build_error is not None:
         pytest.fail(f"the test control plane could not be built: {_build_error}")
     # pytest keeps the last few session folders: stop what a killed earlier session left running.
     sessions = tmp_path_factory.getbasetemp().parent
     ControlPlane.stop_orphans(sessions.glob("pytest-*/control-plane*"))
-    plane = ControlPlane(
-        tmp_path_factory.mktemp("control-plane"), binaries.build(), owner_pid=os.getpid()
-    )
+    plane = ControlPlane(tmp_path_factory.mktemp(name), binaries.build(), owner_pid=os.getpid())
     # Also on interpreter exit, should the session end without running fixture teardown.
     atexit.register(plane.stop)
     plane.start()

@@ -16,6 +16,7 @@ import pytest
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fullstack import build
 from tests.cluster.fullstack.stack import FullStack
+from tests.conftest import running_control_plane
 
 _build_error: build.BuildError | None = None
 
@@ -41,7 +42,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             _build_error = error
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of the scenarios' own, stopped when they are done.
+
+    The controllers install webhooks and taint nodes cluster-wide; on the suite's shared control
+    plane they would change what every later test sees (Trainer's webhook refusing TrainJobs
+    whose runtime a test has not created, Kueue suspending them).
+    """
+    yield from running_control_plane(tmp_path_factory, "control-plane-fullstack")
+
+
+@pytest.fixture(scope="package")
 def fullstack(cluster: ControlPlane) -> Iterator[FullStack]:
     """kube-scheduler, KWOK nodes and the Trainer, JobSet and Kueue controllers, running."""
     if _build_error is not None:
