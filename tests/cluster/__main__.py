@@ -1,6 +1,7 @@
 """`python -m tests.cluster build|up|down|status`: the test control plane for people.
 
-`up` starts the same etcd + kube-apiserver (+ kube-controller-manager) the test suite uses, in
+`up` starts the same etcd + kube-apiserver (+ kube-controller-manager; with `--full` also the
+scheduler, KWOK nodes and the Trainer, JobSet and Kueue controllers) the test suite uses, in
 the background, and prints the `export KUBECONFIG=...` line to use it; `down` stops it.
 """
 
@@ -35,7 +36,11 @@ def _up(args: argparse.Namespace) -> int:
     binaries.build()
     started = time.monotonic()
     plane = ControlPlane(run_dir)
-    plane.start(with_controller_manager=args.with_controller_manager)
+    plane.start(with_controller_manager=args.with_controller_manager or args.full)
+    if args.full:
+        from tests.cluster.fullstack.stack import up_full
+
+        up_full(plane)
     print(
         f"control plane up in {time.monotonic() - started:.1f} s at {plane.server} "
         f"(logs in {run_dir / 'logs'}); stop it with `python -m tests.cluster down`",
@@ -50,7 +55,11 @@ def _down(args: argparse.Namespace) -> int:
     if not (run_dir / "state.json").exists():
         print(f"no control plane recorded in {run_dir}", file=sys.stderr)
         return 0
-    ControlPlane.attach(run_dir).stop()
+    from tests.cluster.fullstack.stack import down_full
+
+    plane = ControlPlane.attach(run_dir)
+    down_full(plane)
+    plane.stop()
     shutil.rmtree(run_dir)
     print(f"stopped the control plane in {run_dir}", file=sys.stderr)
     return 0
@@ -85,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         "--with-controller-manager",
         action="store_true",
         help="also run kube-controller-manager (garbage collection, Jobs, node lifecycle)",
+    )
+    up.add_argument(
+        "--full",
+        action="store_true",
+        help="also kube-scheduler, KWOK nodes and the Trainer, JobSet and Kueue controllers",
     )
     up.set_defaults(run=_up)
     commands.add_parser("down", help="stop the background control plane").set_defaults(run=_down)
