@@ -9,34 +9,13 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from dispatch_kubeflow.settings import parse_settings
 
 RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
-EXAMPLE = {
-    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
-    "namespace": "team-a",
-    "runtimes": [RUNTIME],
-    "kueue": {
-        "localQueue": "lq",
-        "priorityClass": "low",
-        "admissionCheck": "dispatch-admission",
-        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
-    },
-    "labels": {"team": "a"},
-    "annotations": {"cost-centre": "42"},
-    "gpuResource": "nvidia.com/gpu",
-    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
-    "nodeLossWindow": "5m",
-    "nodeLossTaints": ["example.com/node-dead"],
-    "allowRankRestart": False,
-    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
-    "probeRuntime": RUNTIME,
-    "publish": {
-        "image": "registry.example/dispatch-publish@sha256:" + "0123456789abcdef" * 4,
-        "via": "imageVolume",
-    },
-}
+# The seed's example, kept as examples/settings.json.
+EXAMPLE = json.loads((Path(__file__).resolve().parents[1] / "examples/settings.json").read_text())
 MANY_LABELS = {
     **EXAMPLE,
     "labels": {f"example.com/label-{i:04d}": f"value-{i}" for i in range(1000)},

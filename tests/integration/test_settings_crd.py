@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,27 +21,10 @@ from dispatch_kubeflow.settings import InvalidSettings, parse_settings_object
 
 RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
 IMAGE = "registry.example/dispatch-publish@sha256:" + "0123456789abcdef" * 4
-EXAMPLE: dict[str, Any] = {
-    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
-    "namespace": "team-a",
-    "runtimes": [RUNTIME],
-    "kueue": {
-        "localQueue": "lq",
-        "priorityClass": "low",
-        "admissionCheck": "dispatch-admission",
-        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
-    },
-    "labels": {"team": "a"},
-    "annotations": {"cost-centre": "42"},
-    "gpuResource": "nvidia.com/gpu",
-    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
-    "nodeLossWindow": "5m",
-    "nodeLossTaints": ["example.com/node-dead"],
-    "allowRankRestart": False,
-    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
-    "probeRuntime": RUNTIME,
-    "publish": {"image": IMAGE, "via": "imageVolume"},
-}
+# The seed's example, kept as examples/settings.json.
+EXAMPLE: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[2] / "examples/settings.json").read_text()
+)
 
 
 async def create(

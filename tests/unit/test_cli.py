@@ -16,30 +16,8 @@ from dispatch_kubeflow.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "c" * 64
 RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
-EXAMPLE: dict[str, Any] = {
-    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
-    "namespace": "team-a",
-    "runtimes": [RUNTIME],
-    "kueue": {
-        "localQueue": "lq",
-        "priorityClass": "low",
-        "admissionCheck": "dispatch-admission",
-        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
-    },
-    "labels": {"team": "a"},
-    "annotations": {"cost-centre": "42"},
-    "gpuResource": "nvidia.com/gpu",
-    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
-    "nodeLossWindow": "5m",
-    "nodeLossTaints": ["example.com/node-dead"],
-    "allowRankRestart": False,
-    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
-    "probeRuntime": RUNTIME,
-    "publish": {
-        "image": f"registry.example/dispatch-publish@sha256:{DIGEST}",
-        "via": "imageVolume",
-    },
-}
+# The seed's example, kept as examples/settings.json.
+EXAMPLE: dict[str, Any] = json.loads((ROOT / "examples/settings.json").read_text())
 
 MANIFEST = """\
 apiVersion: dispatch.phpboyscout.uk/v1alpha1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,28 +30,10 @@ DIGEST = "0123456789abcdef" * 4
 IMAGE = f"registry.example/dispatch-publish@sha256:{DIGEST}"
 RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
 
-# The seed's example, with a real digest.
-EXAMPLE: dict[str, Any] = {
-    "cluster": {"kubeconfig": "/home/u/.kube/config", "context": "train"},
-    "namespace": "team-a",
-    "runtimes": [RUNTIME],
-    "kueue": {
-        "localQueue": "lq",
-        "priorityClass": "low",
-        "admissionCheck": "dispatch-admission",
-        "admissionLease": {"namespace": "dispatch-system", "name": "dispatch-admission"},
-    },
-    "labels": {"team": "a"},
-    "annotations": {"cost-centre": "42"},
-    "gpuResource": "nvidia.com/gpu",
-    "credentials": [{"secretName": "team-a-s3", "mountPath": "/var/run/secrets/s3"}],
-    "nodeLossWindow": "5m",
-    "nodeLossTaints": ["example.com/node-dead"],
-    "allowRankRestart": False,
-    "timeouts": {"request": "30s", "apiserverRequest": "60s", "workload": "60s", "stopJob": "10m"},
-    "probeRuntime": RUNTIME,
-    "publish": {"image": IMAGE, "via": "imageVolume"},
-}
+# The seed's example, kept as examples/settings.json.
+EXAMPLE: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[2] / "examples/settings.json").read_text()
+)
 
 MINIMAL: dict[str, Any] = {"namespace": "team-a", "runtimes": [RUNTIME]}
 
