@@ -1,9 +1,10 @@
 """pytest fixtures for the full-stack scenarios.
 
-`fullstack` (session) starts kube-scheduler, KWOK with its simulated GPU nodes and the real
-Trainer, JobSet and Kueue controllers on top of the `cluster` control plane, once per session
-and only when a selected test asks for it. Tests that use it get the `fullstack` marker, so
-`-m "not fullstack"` runs the rest of the suite without building or starting any of it.
+`fullstack` (package scope) starts kube-scheduler, KWOK with its simulated GPU nodes and the real
+Trainer, JobSet and Kueue controllers on top of a control plane of their own (`cluster` is
+overridden here), once per run and only when a selected test asks for it. Tests that use it
+get the `fullstack` marker, so `-m "not fullstack"` runs the rest of the suite without building
+or starting any of it.
 """
 
 from __future__ import annotations
