@@ -30,13 +30,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes_asyncio import client, config, watch
+
+from dispatch_kubeflow.constants import EventType
 from tests.cluster import binaries
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fullstack import build
 from tests.cluster.fullstack.stack import FullStack
 from tests.fullstack.scenarios import job, open_adapter, settings
-
-from dispatch_kubeflow.constants import EventType
 
 NAMESPACE = "bench"
 
