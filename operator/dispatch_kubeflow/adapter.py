@@ -15,13 +15,13 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SkipValidation
 
 from dispatch_kubeflow.admission import eviction_count
 from dispatch_kubeflow.connection import ApiClientWithTimeouts, connect
@@ -57,7 +57,14 @@ from dispatch_kubeflow.errors import (
     ErrOutcomeUnknown,
     ErrUnsupported,
 )
-from dispatch_kubeflow.events import DispatchEvent, JobObservation, JobStatus, Taint, derive
+from dispatch_kubeflow.events import (
+    DispatchEvent,
+    JobObservation,
+    JobStatus,
+    ReportStore,
+    Taint,
+    derive,
+)
 from dispatch_kubeflow.runtimes import check_runtime, describe
 from dispatch_kubeflow.settings import Declarations, RuntimeRef, Settings, parse_settings
 from dispatch_kubeflow.trainjob import (
@@ -84,14 +91,21 @@ LONGEST_POLL = 1.0
 
 
 class AdapterConfig(BaseModel):
-    """What ``Adapter.open`` needs: the settings (a model or the JSON text) and who we are."""
+    """What ``Adapter.open`` needs: the settings (a model or the JSON text) and who we are.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    ``store`` keeps how far each (job, attempt) has been reported, so that ``watch()`` reports
+    each transition once across restarts. None keeps it in an annotation on the TrainJob, which
+    needs nothing beside the TrainJob; the operator keeps it in the DispatchJob status instead.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     settings: Settings | str | bytes
     token: str | None = None
     # The value of the adapter label on everything this adapter creates.
     adapter_name: str = "default"
+    # Any object with the ReportStore methods (a Protocol, so not checked by pydantic).
+    store: Annotated[ReportStore | None, SkipValidation] = None
 
 
 class AttemptFound(BaseModel):
@@ -152,13 +166,19 @@ class _Objects(BaseModel):
 class Adapter:
     """One adapter instance: one namespace, one connection, one set of settings."""
 
-    def __init__(self, settings: Settings, api: ApiClientWithTimeouts, adapter_name: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        api: ApiClientWithTimeouts,
+        adapter_name: str,
+        store: ReportStore | None = None,
+    ) -> None:
         self.settings = settings
         self.api = api
         self.adapter_name = adapter_name
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
-        self.supervisor = Supervisor(api, settings, adapter_name)
+        self.supervisor = Supervisor(api, settings, adapter_name, store=store)
 
     # ---------------------------------------------------------------------------------------
     # Life cycle
@@ -175,7 +195,7 @@ class Adapter:
         api = await connect(
             settings.cluster, token=config.token, request_timeout=settings.timeouts.request
         )
-        adapter = cls(settings, api, config.adapter_name)
+        adapter = cls(settings, api, config.adapter_name, config.store)
         try:
             await adapter._preflight_probe()
         except BaseException:

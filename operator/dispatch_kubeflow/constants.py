@@ -162,3 +162,5 @@ LABEL_PROBE: Final = f"{PREFIX}probe"
 PROBE_JOB_PREFIX: Final = "dispatch-probe-"
 LOCAL_QUEUES: Final = "localqueues"
 KIND_TRAINJOB: Final = "TrainJob"
+# DispatchJob status field holding each attempt's reported record (the operator's ReportStore).
+STATUS_REPORTED: Final = "reported"

@@ -26,9 +26,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import dispatch_kubeflow.handlers  # noqa: F401  (registers the handlers)
 from dispatch_kubeflow.constants import (
+    ANNOTATION_REPORTED,
     FINALIZER,
     GROUP,
     LABEL_JOB,
+    STATUS_REPORTED,
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
@@ -550,6 +552,49 @@ async def test_each_transition_is_reported_once_across_an_operator_restart(
     assert types == ["Submitted", "Admitted", "Running", "Finished"]
     lines = [e["type"] for e in event_lines(events) if e.get("job") == "survivor"]
     assert lines == types
+    # The position is kept in the DispatchJob status, not on the TrainJob.
+    assert '"f":true' in body["status"][STATUS_REPORTED]["1"]
+    trainjob = await scene.trainjob("survivor-1")
+    assert trainjob is not None
+    assert ANNOTATION_REPORTED not in (trainjob["metadata"].get("annotations") or {})
+
+
+async def test_a_job_that_vanished_while_no_operator_ran_gets_vanished_once(
+    cluster: Any, scene: Scene, tmp_path: Path
+) -> None:
+    """The record outlives the TrainJob in the DispatchJob status, so the loss is reported."""
+    events = tmp_path / "events.jsonl"
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+        await scene.apply_adapter(scene.adapter_spec())
+        await scene.ready_adapter()
+        await scene.create_job("ghost")
+        await scene.job_in_state("ghost", "Pending")
+        await scene.play_running("ghost-1")
+        running = await scene.job_in_state("ghost", "Running")
+    assert "1" in running["status"][STATUS_REPORTED]
+
+    # While no operator runs, everything of the job goes (no JobSet or pods exist here: no
+    # controller made them).
+    await scene.objects.delete_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, scene.namespace, TRAINJOBS, "ghost-1"
+    )
+    assert await scene.trainjob("ghost-1") is None
+
+    for _ in range(2):  # the second restart must not report it again
+        async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+            body = await scene.job_in_state("ghost", "Unknown", "EvidenceLost")
+            await scene.ready_adapter()
+
+    types = [e["type"] for e in body["status"]["events"]]
+    assert types == ["Submitted", "Admitted", "Running", "Vanished"]
+    finished = condition(body, "Finished")
+    assert finished is not None
+    assert finished["status"] == "True"
+    lines = [e["type"] for e in event_lines(events) if e.get("job") == "ghost"]
+    assert lines == types
+    after = await scene.job("ghost")
+    assert after is not None
+    assert [e["type"] for e in after["status"]["events"]] == types
 
 
 async def test_a_job_the_adapter_refuses_finishes_failed_with_the_reason(

@@ -35,6 +35,7 @@ from dispatch_kubeflow.handlers.conditions import Condition, parse_conditions, s
 from dispatch_kubeflow.handlers.jobs import JobEventRouter
 from dispatch_kubeflow.handlers.kube import KUBEFLOW_ADAPTERS, update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
+from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.settings import Settings, parse_settings_object
 
 PREFLIGHT_PREFIX: Final = "preflight probe: "
@@ -221,6 +222,13 @@ class AdapterSession:
             with contextlib.suppress(asyncio.CancelledError):
                 await stop
 
+    def adapter_config(self, settings: Settings) -> AdapterConfig:
+        """The adapter of this session, reporting into the DispatchJobs' status."""
+        store = DispatchJobStatusStore(
+            self.api, settings.namespace, self.name, settings.timeouts.request
+        )
+        return AdapterConfig(settings=settings, token=None, adapter_name=self.name, store=store)
+
     async def _serve(self) -> None:
         try:
             settings = parse_spec(self.spec)
@@ -233,9 +241,7 @@ class AdapterSession:
         delay = RETRY_FIRST
         while True:
             try:
-                adapter = await self.opener(
-                    AdapterConfig(settings=settings, token=None, adapter_name=self.name)
-                )
+                adapter = await self.opener(self.adapter_config(settings))
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # every failure is shown, then retried

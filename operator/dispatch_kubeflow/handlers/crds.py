@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from dispatch_kubeflow.constants import GROUP, JobCondition
+from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, JobCondition
 from dispatch_kubeflow.schema import (
     AGE_COLUMN,
     condition_schema,
@@ -155,6 +155,15 @@ def _status_schema() -> dict[str, Any]:
                 "type": "array",
                 "description": "The last 50 dispatch events of the job, oldest first.",
                 "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+            STATUS_REPORTED: {
+                "type": "object",
+                "description": (
+                    "How far each attempt's events have been reported, by attempt number: the "
+                    "adapter's record, kept here so that an operator restart neither repeats "
+                    "nor loses a transition."
+                ),
+                "additionalProperties": {"type": "string"},
             },
             "kopf": kopf_status_schema(),
         },

@@ -1,0 +1,79 @@
+"""The operator's report store: its record format in the DispatchJob status, and its wiring."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dispatch_kubeflow.constants import STATUS_REPORTED
+from dispatch_kubeflow.events import ReportedRecord
+from dispatch_kubeflow.handlers import crds
+from dispatch_kubeflow.handlers.adapters import AdapterSession
+from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
+from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore, record_patch, records_of
+from dispatch_kubeflow.settings import parse_settings_object
+from dispatch_kubeflow.watching import ListingReportStore
+
+RUNNING = ReportedRecord(submitted=True, admitted=0, running=0)
+DONE = ReportedRecord(submitted=True, finished=True)
+
+
+def dispatch_job(adapter: str, reported: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "train"},
+        "spec": {"adapter": adapter},
+        "status": {STATUS_REPORTED: reported},
+    }
+
+
+def test_records_are_read_per_attempt() -> None:
+    body = dispatch_job("a", {"1": DONE.to_json(), "2": RUNNING.to_json()})
+    assert records_of(body, "a") == {1: DONE, 2: RUNNING}
+
+
+def test_a_dispatchjob_of_another_adapter_holds_no_record_for_this_one() -> None:
+    body = dispatch_job("b", {"1": RUNNING.to_json()})
+    assert records_of(body, "a") == {}
+    assert records_of(None, "a") == {}
+
+
+def test_an_unreadable_entry_counts_as_nothing_reported() -> None:
+    body = dispatch_job("a", {"1": "not json", "x": RUNNING.to_json(), "2": 7})
+    assert records_of(body, "a") == {}
+
+
+def test_the_patch_sets_one_attempt_and_round_trips() -> None:
+    patch = record_patch(3, RUNNING)
+    assert patch == {STATUS_REPORTED: {"3": RUNNING.to_json()}}
+    assert records_of(dispatch_job("a", patch[STATUS_REPORTED]), "a") == {3: RUNNING}
+
+
+def test_the_crd_keeps_the_records_as_strings_by_attempt() -> None:
+    (version,) = crds.dispatchjob_crd()["spec"]["versions"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["properties"][STATUS_REPORTED]["additionalProperties"] == {"type": "string"}
+
+
+def test_the_operator_opens_its_adapters_with_the_dispatchjob_store() -> None:
+    settings = parse_settings_object(
+        {
+            "namespace": "team-a",
+            "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "r"}],
+        },
+        pointer="/spec",
+    )
+    session = AdapterSession(
+        api=None,  # type: ignore[arg-type]
+        name="adapter",
+        namespace="dispatch-system",
+        generation=1,
+        spec={},
+        registry=AdapterRegistry(),
+        event_lines=EventLines(None),
+        post_event=lambda *_: None,
+        logger=logging.getLogger("test"),
+    )
+    config = session.adapter_config(settings)
+    assert isinstance(config.store, DispatchJobStatusStore)
+    assert isinstance(config.store, ListingReportStore)
+    assert config.adapter_name == "adapter"
