@@ -255,3 +255,38 @@ def test_dispatch_admission_renders_with_its_own_identity_and_the_adapters_setti
     )
     assert refused.returncode != 0
     assert "adapter.spec.kueue is required" in refused.stderr
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Deployment's ``matchLabels`` selector selects pods with ``labels``."""
+    assert set(selector) == {"matchLabels"}, "only matchLabels selectors are expected"
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
+def test_the_operator_and_admission_deployments_select_only_their_own_pods(
+    helm: Path,
+) -> None:
+    spec = {
+        "namespace": "team-a",
+        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
+        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
+    }
+    docs = render(
+        helm,
+        "--set",
+        "admission.enabled=true",
+        "--set-json",
+        f"adapter.spec={json.dumps(spec)}",
+        "--set-json",
+        'podLabels={"team": "a"}',
+    )
+    deployments = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Deployment"}
+    operator = deployments["dispatch-dispatch-kubeflow"]["spec"]
+    admission = deployments["dispatch-dispatch-kubeflow-admission"]["spec"]
+    operator_pods = operator["template"]["metadata"]["labels"]
+    admission_pods = admission["template"]["metadata"]["labels"]
+
+    assert selects(operator["selector"], operator_pods)
+    assert selects(admission["selector"], admission_pods)
+    assert not selects(operator["selector"], admission_pods)
+    assert not selects(admission["selector"], operator_pods)

@@ -26,6 +26,20 @@ app.kubernetes.io/name: {{ include "dispatch-kubeflow.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+Each Deployment selects its own pods only: the component label keeps the operator's selector from
+matching the admission controller's pods (and the reverse).
+*/}}
+{{- define "dispatch-kubeflow.operatorSelectorLabels" -}}
+{{ include "dispatch-kubeflow.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "dispatch-kubeflow.admissionSelectorLabels" -}}
+{{ include "dispatch-kubeflow.selectorLabels" . }}
+app.kubernetes.io/component: admission
+{{- end }}
+
 {{- define "dispatch-kubeflow.labels" -}}
 helm.sh/chart: {{ include "dispatch-kubeflow.chart" . }}
 {{ include "dispatch-kubeflow.selectorLabels" . }}
