@@ -53,6 +53,12 @@ WL_REASON_PODS_READY_TIMEOUT = "PodsReadyTimeout"
 WL_REASON_DEACTIVATED = "Deactivated"
 WL_REASON_MAX_EXEC_TIME = "MaximumExecutionTimeExceeded"
 WL_NO_CAPACITY_REASONS = frozenset({"Inadmissible", "ExceedsMaxQuota", "NoMatchingFlavor"})
+# Without the UnadmittedWorkloadsObservability gate Kueue reports every unadmitted Workload with
+# reason Pending; only the flavor assigner's verdict says the job does not fit.
+WL_REASON_PENDING = "Pending"
+WL_NO_FIT_PREFIX = "couldn't assign flavors to pod set"
+# Suffixes Kueue appends when it found room by preempting others: the job fits once they go.
+WL_PREEMPTION_UNDERWAY = ("Pending the preemption of", "Preempting ")
 CHECK_REJECTED = "Rejected"
 POD_DISRUPTION_TARGET = "DisruptionTarget"
 POD_REASON_TAINT_MANAGER = "DeletionByTaintManager"
@@ -251,11 +257,7 @@ def _workload_causes(workload: Mapping[str, Any] | None) -> Iterator[_Found]:
             if underlying is not None:
                 yield underlying, ev
     quota = _condition(workload, WL_QUOTA_RESERVED)
-    if (
-        quota is not None
-        and quota.get("status") == "False"
-        and quota.get("reason") in WL_NO_CAPACITY_REASONS
-    ):
+    if quota is not None and _lacks_capacity(quota):
         yield Cause.NO_CAPACITY, _condition_evidence(KIND_WORKLOAD, workload, quota)
     checks = _dig(workload, "status", "admissionChecks")
     for check in checks if isinstance(checks, list) else []:
@@ -272,6 +274,21 @@ def _workload_causes(workload: Mapping[str, Any] | None) -> Iterator[_Found]:
                     message=str(check.get("message") or ""),
                 ),
             )
+
+
+def _lacks_capacity(quota: Mapping[str, Any]) -> bool:
+    """Whether a QuotaReserved condition says the Workload does not fit the quota."""
+    if quota.get("status") != "False":
+        return False
+    reason = quota.get("reason")
+    if reason in WL_NO_CAPACITY_REASONS:
+        return True
+    message = str(quota.get("message") or "")
+    return (
+        reason == WL_REASON_PENDING
+        and message.startswith(WL_NO_FIT_PREFIX)
+        and not any(marker in message for marker in WL_PREEMPTION_UNDERWAY)
+    )
 
 
 def _deactivation_cause(workload: Mapping[str, Any], evicted: Mapping[str, Any]) -> Cause | None:
@@ -606,6 +623,16 @@ class ReportedRecord(BaseModel):
     restarts: int = Field(default=0, alias="ra")
     node_lost: str | None = Field(default=None, alias="n")
     finished: bool = Field(default=False, alias="f")
+    # The phase last reported in and the causes its events carried, as "<phase>:<cause>,...";
+    # absent from records written before causes were tracked.
+    causes: str | None = Field(default=None, alias="c")
+
+    def causes_in(self, phase: str) -> frozenset[str] | None:
+        """The causes reported in ``phase``; None when the record predates cause tracking."""
+        if self.causes is None:
+            return None
+        reported_phase, _, causes = self.causes.partition(":")
+        return frozenset(causes.split(",")) if reported_phase == phase else frozenset()
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_defaults=True)
@@ -642,6 +669,20 @@ class MemoryStore:
         self.records[(job, attempt)] = record
 
 
+_NO_CAUSE = "-"
+_PHASE_EVENTS = {"S": EventType.SUBMITTED, "A": EventType.ADMITTED, "R": EventType.RUNNING}
+
+
+def _phase_of(status: JobStatus, epoch: int) -> str:
+    """Where a non-terminal job is: admission epoch, gang incarnation, waiting/admitted/running."""
+    step = "R" if status.admitted and status.running else "A" if status.admitted else "S"
+    return f"{epoch}.{status.restart_attempt}.{step}"
+
+
+def _cause_key(cause: Cause | None) -> str:
+    return cause.value if cause is not None else _NO_CAUSE
+
+
 def advance(
     *,
     job: str,
@@ -656,6 +697,11 @@ def advance(
     Order: Submitted, Evicted, Admitted, Running, NodeLost, Restarted, Finished or Vanished; an
     eviction seen in the same step as an admission came before it (the admission is a readmission).
     Nothing is reported after Finished or Vanished.
+
+    A cause that a non-terminal job takes on without any of these transitions (quota runs out,
+    pods turn unschedulable or cannot pull their image) is reported as a repeat of the event of
+    the job's phase (``Submitted`` while it waits for admission, ``Admitted``, ``Running``), once
+    per distinct cause and phase.
     """
     rec = record or ReportedRecord()
     if rec.finished:
@@ -724,6 +770,19 @@ def advance(
             )
         )
         updates["finished"] = True
+    else:
+        phase = _phase_of(status, epoch)
+        cause = _cause_key(status.cause)
+        reported = rec.causes_in(phase)
+        if reported is None and not events:
+            # A record written before causes were tracked: its events carried the current cause
+            # as far as anyone can tell, so the cause is adopted without a report.
+            return events, rec.model_copy(update={"causes": f"{phase}:{cause}"})
+        reported = reported or frozenset()
+        if not events and cause not in reported:
+            events.append(event(_PHASE_EVENTS[phase[-1]]))
+        if events:
+            updates["causes"] = f"{phase}:{','.join(sorted(reported | {cause}))}"
     return events, rec.model_copy(update=updates) if updates else rec
 
 

@@ -114,16 +114,6 @@ async def test_job_no_node_can_hold_is_pending_for_lack_of_capacity(
     log.assert_exactly_once("huge")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Kueue v0.19.2 with its default feature gates reports insufficient quota as "
-        "QuotaReserved=False reason 'Pending' (the granular reasons Inadmissible/ExceedsMaxQuota "
-        "need the beta gate UnadmittedWorkloadsObservability, off by default); "
-        "events.py maps only the granular reasons to NoCapacity, and events.advance has no "
-        "event for a cause that appears while a job stays Pending"
-    ),
-)
 async def test_job_over_quota_is_pending_for_lack_of_capacity(
     fullstack: FullStack, cluster: ControlPlane, namespace: str, queues: str
 ) -> None:
@@ -136,6 +126,13 @@ async def test_job_over_quota_is_pending_for_lack_of_capacity(
         found = await adapter.find("big")
 
     assert pending.state == State.PENDING
+    # Kueue's own words, verbatim, with its Workload condition as the evidence.
+    assert "insufficient quota" in pending.message
+    assert any(
+        (e.kind, e.type, e.status, e.reason, e.message)
+        == ("Workload", "QuotaReserved", "False", pending.reason, pending.message)
+        for e in pending.evidence
+    )
     assert (found.state, found.cause) == (State.PENDING, Cause.NO_CAPACITY)
     assert not any(e.type == EventType.RUNNING for e in log.of("big"))
     log.assert_exactly_once("big")

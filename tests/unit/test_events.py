@@ -233,6 +233,45 @@ def test_no_capacity_from_quota_not_reserved(reason: str) -> None:
     assert (st.state, st.cause, st.reason) == (State.PENDING, Cause.NO_CAPACITY, reason)
 
 
+NO_FIT = (
+    "couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu in flavor "
+    "sim-gpu, previously considered podsets requests (0) + current podset request (16) > "
+    "maximum capacity (8)"
+)
+
+
+def test_no_capacity_from_kueue_default_reason_pending() -> None:
+    """Kueue without UnadmittedWorkloadsObservability says Pending with the assigner's verdict."""
+    wl = workload(cond("QuotaReserved", "False", "Pending", NO_FIT))
+    st = status_of(workload=wl, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason, st.message) == (
+        State.PENDING,
+        Cause.NO_CAPACITY,
+        "Pending",
+        NO_FIT,
+    )
+    assert [(e.kind, e.type, e.reason, e.message) for e in st.evidence] == [
+        ("Workload", "QuotaReserved", "Pending", NO_FIT)
+    ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # Room was found by preempting others: the job fits once they are gone.
+        NO_FIT + ". Pending the preemption of 1 workload(s)",
+        NO_FIT + ". Preempting 1 workload(s) failed, will retry.",
+        # Kueue releases an evicted Workload's quota with reason Pending and the eviction message.
+        "Preempted to accommodate a workload (UID: 1234) due to prioritization in the ClusterQueue",
+        "ClusterQueue cq is inactive",
+    ],
+)
+def test_reason_pending_without_a_no_fit_verdict_is_not_no_capacity(message: str) -> None:
+    wl = workload(cond("QuotaReserved", "False", "Pending", message))
+    st = status_of(workload=wl, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason, st.message) == (State.PENDING, None, "Pending", message)
+
+
 def test_waiting_for_quota_is_not_no_capacity() -> None:
     wl = workload(cond("QuotaReserved", "False", "WaitingForQuota", "waiting"))
     st = status_of(workload=wl, train_job=trainjob(suspend=True))

@@ -8,6 +8,7 @@ from typing import Any
 
 from dispatch_kubeflow.constants import BUILTIN_LOSS_TAINTS, Cause, EventType, State
 from dispatch_kubeflow.events import (
+    DispatchEvent,
     JobObservation,
     MemoryStore,
     ReportedRecord,
@@ -16,7 +17,17 @@ from dispatch_kubeflow.events import (
     advance,
     derive,
 )
-from tests.unit.test_events import ADMITTED, T1, T2, cond, pod, terminated, trainjob, workload
+from tests.unit.test_events import (
+    ADMITTED,
+    T1,
+    T2,
+    cond,
+    pod,
+    terminated,
+    trainjob,
+    waiting,
+    workload,
+)
 
 LOSS = frozenset(BUILTIN_LOSS_TAINTS)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -110,7 +121,7 @@ async def test_the_record_survives_as_short_json() -> None:
     record = store.records[("j1", 1)]
     text = record.to_json()
     assert len(text) < 64
-    assert json.loads(text) == {"s": True, "a": 0, "r": 0}
+    assert json.loads(text) == {"s": True, "a": 0, "r": 0, "c": "0.0.R:-"}
     assert ReportedRecord.from_json(text) == record
     assert ReportedRecord.from_json("") is None
     assert ReportedRecord.from_json("not json") is None
@@ -245,3 +256,138 @@ def test_advance_is_pure_and_keeps_the_time_given() -> None:
         job="j1", attempt=1, train_job="j1-1", record=record, status=status, now=later
     )
     assert (again, same) == ([], record)
+
+
+NO_FIT = "couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu"
+OVER_QUOTA = obs(
+    train_job=trainjob(suspend=True),
+    workload=workload(cond("QuotaReserved", "False", "Pending", NO_FIT)),
+)
+UNSCHEDULABLE = obs(
+    workload=workload(ADMITTED),
+    pods=(
+        pod(
+            phase="Pending",
+            node=None,
+            conditions=[cond("PodScheduled", "False", "Unschedulable", "0/2 nodes are available")],
+        ),
+    ),
+)
+
+
+async def report(reporter: Reporter, observation: JobObservation) -> list[DispatchEvent]:
+    return await reporter.report(
+        job="j1",
+        attempt=1,
+        train_job="j1-1",
+        status=derive(observation, loss_taints=LOSS),
+        now=NOW,
+    )
+
+
+def summary(events: list[DispatchEvent]) -> list[tuple[Any, ...]]:
+    return [(e.type, e.state, e.cause, e.reason, e.message) for e in events]
+
+
+async def test_running_out_of_quota_while_queued_is_reported_once() -> None:
+    store = MemoryStore()
+    reporter = Reporter(store)
+    assert await step(reporter, QUEUED) == [EventType.SUBMITTED]
+    events = await report(reporter, OVER_QUOTA)
+    assert summary(events) == [
+        (EventType.SUBMITTED, State.PENDING, Cause.NO_CAPACITY, "Pending", NO_FIT)
+    ]
+    assert [(e.kind, e.type) for e in events[0].evidence] == [("Workload", "QuotaReserved")]
+    assert await step(reporter, OVER_QUOTA) == []
+    assert await step(Reporter(store), OVER_QUOTA) == []  # a restart repeats nothing
+    assert await step(reporter, ADMITTED_NOT_RUNNING) == [EventType.ADMITTED]
+
+
+async def test_a_job_first_seen_over_quota_carries_it_on_submitted_only() -> None:
+    reporter = Reporter(MemoryStore())
+    events = await report(reporter, OVER_QUOTA)
+    assert [(e.type, e.cause) for e in events] == [(EventType.SUBMITTED, Cause.NO_CAPACITY)]
+    assert await step(reporter, OVER_QUOTA) == []
+
+
+async def test_pods_turning_unschedulable_after_admission_repeat_admitted() -> None:
+    reporter = Reporter(MemoryStore())
+    assert await step(reporter, QUEUED) == [EventType.SUBMITTED]
+    assert await step(reporter, ADMITTED_NOT_RUNNING) == [EventType.ADMITTED]
+    events = await report(reporter, UNSCHEDULABLE)
+    assert summary(events) == [
+        (
+            EventType.ADMITTED,
+            State.PENDING,
+            Cause.NO_CAPACITY,
+            "Unschedulable",
+            "0/2 nodes are available",
+        )
+    ]
+    assert await step(reporter, UNSCHEDULABLE) == []
+    assert await step(reporter, RUNNING) == [EventType.RUNNING]
+
+
+async def test_image_pull_while_pods_wait_is_reported() -> None:
+    reporter = Reporter(MemoryStore())
+    await step(reporter, ADMITTED_NOT_RUNNING)
+    pulling = obs(
+        workload=workload(ADMITTED),
+        pods=(pod(phase="Pending", containers=[waiting("ImagePullBackOff", "Back-off")]),),
+    )
+    events = await report(reporter, pulling)
+    assert summary(events) == [
+        (EventType.ADMITTED, State.PENDING, Cause.IMAGE_PULL, "ImagePullBackOff", "Back-off")
+    ]
+    assert await step(reporter, pulling) == []
+
+
+async def test_each_distinct_cause_is_reported_once_per_phase() -> None:
+    reporter = Reporter(MemoryStore())
+    waiting_gate = obs(
+        train_job=trainjob(suspend=True),
+        workload=workload(cond("QuotaReserved", reason="QuotaReserved")),
+    )
+    causes = []
+    for observation in (QUEUED, OVER_QUOTA, waiting_gate, OVER_QUOTA, waiting_gate, OVER_QUOTA):
+        causes += [(e.type, e.cause) for e in await report(reporter, observation)]
+    assert causes == [(EventType.SUBMITTED, None), (EventType.SUBMITTED, Cause.NO_CAPACITY)]
+
+
+async def test_a_readmission_starts_a_new_phase_for_causes() -> None:
+    reporter = Reporter(MemoryStore())
+    await step(reporter, OVER_QUOTA)
+    await step(reporter, RUNNING)
+    evicted = obs(
+        train_job=trainjob(suspend=True),
+        workload=workload(
+            cond("Admitted", "False", t=T1),
+            cond("Evicted", reason="Preempted", message="preempted", t=T1),
+            cond("QuotaReserved", "False", "Pending", "preempted", t=T1),
+        ),
+    )
+    assert await step(reporter, evicted) == [EventType.EVICTED]
+    requeued = obs(
+        train_job=trainjob(suspend=True),
+        workload=workload(
+            cond("Admitted", "False", t=T1),
+            cond("Evicted", "False", reason="Preempted", t=T2),
+            cond("QuotaReserved", "False", "Pending", NO_FIT, t=T2),
+        ),
+    )
+    events = await report(reporter, requeued)
+    assert [(e.type, e.state, e.cause) for e in events] == [
+        (EventType.SUBMITTED, State.PENDING, Cause.NO_CAPACITY)
+    ]
+
+
+async def test_a_record_from_before_cause_tracking_loads_and_repeats_nothing() -> None:
+    store = MemoryStore()
+    legacy = ReportedRecord.from_json('{"s":true}')
+    assert legacy is not None
+    assert legacy.causes is None
+    await store.save("j1", 1, legacy)
+    reporter = Reporter(store)
+    assert await step(reporter, OVER_QUOTA) == []  # its cause is adopted, not re-reported
+    assert await step(reporter, ADMITTED_NOT_RUNNING) == [EventType.ADMITTED]
+    assert await step(reporter, UNSCHEDULABLE) == [EventType.ADMITTED]

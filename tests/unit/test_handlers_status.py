@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dispatch_kubeflow.events import JobObservation, MemoryStore, Reporter, derive
 from dispatch_kubeflow.handlers.conditions import find_condition
 from dispatch_kubeflow.handlers.status import (
     HISTORY_LIMIT,
@@ -13,6 +14,7 @@ from dispatch_kubeflow.handlers.status import (
     fold_event,
     refuse_attempt,
 )
+from tests.unit.test_events import cond, trainjob, workload
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -119,3 +121,37 @@ def test_wire_round_trip_keeps_everything() -> None:
     assert wire["trainJob"] == "j1-1"
     assert wire["conditions"][0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
     assert JobStatus.from_wire({**wire, "unknownKey": 1}) == status
+
+
+async def test_a_cause_reported_while_pending_shows_in_the_status() -> None:
+    """The events the adapter reports for a job that runs out of quota in the queue."""
+    no_fit = "couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu"
+    queued = JobObservation(job="j1", attempt=1, train_job=trainjob(suspend=True))
+    over_quota = queued.model_copy(
+        update={"workload": workload(cond("QuotaReserved", "False", "Pending", no_fit))}
+    )
+    reporter = Reporter(MemoryStore())
+    status = begin_attempt(JobStatus(), attempt=1, train_job="j1-1", generation=1, now=T0)
+    for minute, observation in enumerate((queued, over_quota, over_quota)):
+        reported_now = await reporter.report(
+            job="j1",
+            attempt=1,
+            train_job="j1-1",
+            status=derive(observation, loss_taints=frozenset()),
+            now=T0 + timedelta(minutes=minute),
+        )
+        for reported in reported_now:
+            status = fold(status, reported.model_dump(mode="json", by_alias=True))
+
+    assert (status.state, status.cause, status.reason, status.message) == (
+        "Pending",
+        "NoCapacity",
+        "Pending",
+        no_fit,
+    )
+    assert [(e["type"], e["cause"]) for e in status.events] == [
+        ("Submitted", None),
+        ("Submitted", "NoCapacity"),
+    ]
+    assert condition_status(status, "Admitted") == "False"
+    assert condition_status(status, "Finished") == "False"
