@@ -670,6 +670,9 @@ class MemoryStore:
 
 
 _NO_CAUSE = "-"
+# Causes that explain why a job waits; every other cause comes with an event of its own
+# (Evicted, NodeLost, Restarted, Finished), and a cleared cause shows on the next event.
+WAITING_CAUSES = frozenset({Cause.NO_CAPACITY, Cause.IMAGE_PULL, Cause.CONFIG_ERROR})
 _PHASE_EVENTS = {"S": EventType.SUBMITTED, "A": EventType.ADMITTED, "R": EventType.RUNNING}
 
 
@@ -698,10 +701,10 @@ def advance(
     eviction seen in the same step as an admission came before it (the admission is a readmission).
     Nothing is reported after Finished or Vanished.
 
-    A cause that a non-terminal job takes on without any of these transitions (quota runs out,
-    pods turn unschedulable or cannot pull their image) is reported as a repeat of the event of
-    the job's phase (``Submitted`` while it waits for admission, ``Admitted``, ``Running``), once
-    per distinct cause and phase.
+    A waiting cause (``WAITING_CAUSES``) that a non-terminal job takes on without any of these
+    transitions (quota runs out, pods turn unschedulable or cannot pull their image) is reported
+    as a repeat of the event of the job's phase (``Submitted`` while it waits for admission,
+    ``Admitted``, ``Running``), once per distinct cause and phase.
     """
     rec = record or ReportedRecord()
     if rec.finished:
@@ -779,7 +782,7 @@ def advance(
             # as far as anyone can tell, so the cause is adopted without a report.
             return events, rec.model_copy(update={"causes": f"{phase}:{cause}"})
         reported = reported or frozenset()
-        if not events and cause not in reported:
+        if not events and status.cause in WAITING_CAUSES and cause not in reported:
             events.append(event(_PHASE_EVENTS[phase[-1]]))
         if events:
             updates["causes"] = f"{phase}:{','.join(sorted(reported | {cause}))}"

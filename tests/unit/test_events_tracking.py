@@ -391,3 +391,14 @@ async def test_a_record_from_before_cause_tracking_loads_and_repeats_nothing() -
     assert await step(reporter, OVER_QUOTA) == []  # its cause is adopted, not re-reported
     assert await step(reporter, ADMITTED_NOT_RUNNING) == [EventType.ADMITTED]
     assert await step(reporter, UNSCHEDULABLE) == [EventType.ADMITTED]
+
+
+async def test_ranks_ending_before_the_trainjob_says_so_report_nothing_more() -> None:
+    """Pods finish a moment before Trainer marks the TrainJob; only its Finished follows."""
+    for ended in (
+        pod(phase="Succeeded", containers=[terminated(0, "Completed")]),
+        pod(phase="Failed", containers=[terminated(3)]),
+    ):
+        reporter = Reporter(MemoryStore())
+        await step(reporter, RUNNING)
+        assert await step(reporter, obs(workload=workload(ADMITTED), pods=(ended,))) == []
