@@ -9,18 +9,14 @@ state in one run folder. The pytest fixture and `python -m tests.cluster up` bot
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import json
-import os
-import signal
 import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +24,13 @@ import yaml
 
 from tests.cluster import binaries, crds
 from tests.cluster.pki import CertificateAuthority, KeyPair, service_account_key_pem
+from tests.cluster.processes import Patience, Processes, Supervised, process_alive
+
+__all__ = ["ControlPlane", "ControlPlaneError", "free_port", "process_alive"]
 
 READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
 POLL_INTERVAL = 0.1
+PATIENCE = Patience(READY_TIMEOUT, POLL_INTERVAL, tail_lines=20)
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 CLUSTER_NAME = "dispatch-kubeflow-test"
 ADMIN_USER = "admin"
@@ -48,38 +47,7 @@ def free_port() -> int:
         return port
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as gone.
-    with contextlib.suppress(OSError):
-        status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return status != "Z"
-    return True
-
-
-def _stop_group(pid: int, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM a process group, then SIGKILL it if it has not gone after `timeout` seconds."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not process_alive(pid):
-                return
-            time.sleep(POLL_INTERVAL)
-    raise ControlPlaneError(f"process group {pid} survived SIGKILL")
-
-
-class ControlPlane:
+class ControlPlane(Supervised):
     """One etcd, one kube-apiserver and optionally one kube-controller-manager.
 
     All state lives under `run_dir`: `state.json` (ports and process ids, so another process
@@ -98,10 +66,11 @@ class ControlPlane:
         self.etcd_peer_port = 0
         self.apiserver_port = 0
         self.controller_manager_port = 0
-        self.pids: dict[str, int] = {}
         # List URLs of the installed custom resources, probed after every apiserver start.
         self.custom_resource_paths: list[str] = []
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes = Processes(
+            ControlPlaneError, self.run_dir, self.log_file, self.save_state, PATIENCE
+        )
 
     # -- paths and addresses ------------------------------------------------------------
 
@@ -160,21 +129,21 @@ class ControlPlane:
         errors = []
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             try:
-                self._stop_process(name)
+                self.processes.stop(name)
             except ControlPlaneError as error:
                 errors.append(str(error))
         if errors:
             raise ControlPlaneError("; ".join(errors))
 
     def stop_apiserver(self) -> None:
-        self._stop_process("kube-apiserver")
+        self.processes.stop("kube-apiserver")
 
     def start_apiserver(self) -> None:
         """Start kube-apiserver on its port (the same one after a stop) and wait for /readyz."""
-        if self._running("kube-apiserver"):
+        if self.processes.running("kube-apiserver"):
             return
         self._spawn("kube-apiserver", self._apiserver_args())
-        self._wait_ready(
+        self.processes.wait_ready(
             "kube-apiserver",
             lambda: self._https_get(f"{self.server}/readyz") == 200,
         )
@@ -191,12 +160,12 @@ class ControlPlane:
         `extra_args` (e.g. `--node-monitor-grace-period=5s`) apply only when this call starts
         it; a running controller-manager is left as it is.
         """
-        if self._running("kube-controller-manager"):
+        if self.processes.running("kube-controller-manager"):
             return
         self.controller_manager_port = self.controller_manager_port or free_port()
         self._spawn("kube-controller-manager", [*self._controller_manager_args(), *extra_args])
         url = f"https://127.0.0.1:{self.controller_manager_port}/healthz"
-        self._wait_ready(
+        self.processes.wait_ready(
             "kube-controller-manager", lambda: self._https_get(url, verify=False) == 200
         )
 
@@ -245,7 +214,7 @@ class ControlPlane:
     def _wait_for_custom_resources(self) -> None:
         """Established is not enough: each resource answers 429 until its watch cache is filled."""
         for path in self.custom_resource_paths:
-            self._wait_ready(
+            self.processes.wait_ready(
                 "kube-apiserver",
                 functools.partial(self._answers_ok, f"{self.server}{path}?limit=1"),
             )
@@ -315,59 +284,7 @@ class ControlPlane:
     # -- processes --------------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = self.log_file(name).open("ab")
-        # Own session: the whole process group can be signalled, and a Ctrl-C in the
-        # terminal that runs pytest reaches pytest (which tears down) rather than the children.
-        process = subprocess.Popen(
-            [str(self.bin_dir / name), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=self.run_dir,
-        )
-        log.close()
-        self._children[name] = process
-        self.pids[name] = process.pid
-        self.save_state()
-
-    def _running(self, name: str) -> bool:
-        pid = self.pids.get(name)
-        return pid is not None and process_alive(pid)
-
-    def _stop_process(self, name: str) -> None:
-        pid = self.pids.pop(name, None)
-        if pid is None:
-            return
-        _stop_group(pid)
-        child = self._children.pop(name, None)
-        if child is not None:
-            child.wait()
-        if self.run_dir.exists():
-            self.save_state()
-
-    def _wait_ready(self, name: str, probe: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if not self._running(name):
-                raise ControlPlaneError(
-                    f"{name} exited during start-up; last lines of {self.log_file(name)}:\n"
-                    + self._log_tail(name)
-                )
-            with contextlib.suppress(OSError, ssl.SSLError):
-                if probe():
-                    return
-            time.sleep(POLL_INTERVAL)
-        raise ControlPlaneError(
-            f"{name} not ready after {READY_TIMEOUT:.0f} s; last lines of {self.log_file(name)}:\n"
-            + self._log_tail(name)
-        )
-
-    def _log_tail(self, name: str, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file(name).read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        self.processes.spawn(name, [str(self.bin_dir / name), *args])
 
     # -- etcd -------------------------------------------------------------------------
 
@@ -387,7 +304,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self._wait_ready("etcd", self._etcd_healthy)
+        self.processes.wait_ready("etcd", self._etcd_healthy)
 
     def _etcd_healthy(self) -> bool:
         with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as response:
@@ -532,7 +449,7 @@ class ControlPlane:
             return error.code
 
     def _wait_for_default_namespace(self) -> None:
-        self._wait_ready(
+        self.processes.wait_ready(
             "kube-apiserver",
             lambda: self._https_get(f"{self.server}/api/v1/namespaces/default") == 200,
         )

@@ -15,14 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import ssl
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,12 +30,13 @@ from tests.cluster import crds
 from tests.cluster.controlplane import ControlPlaneError, free_port
 from tests.cluster.fullstack import build, webhooks
 from tests.cluster.pki import CertificateAuthority
+from tests.cluster.processes import Patience, Processes, Supervised
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 READY_TIMEOUT = 90.0
-STOP_TIMEOUT = 15.0
 POLL_INTERVAL = 0.2
+PATIENCE = Patience(READY_TIMEOUT, POLL_INTERVAL, tail_lines=25)
 
 # KWOK manages (heartbeats, runs pods on) exactly the nodes carrying this label; setting it to
 # anything else stops the node's heartbeats, as a kubelet that died would.
@@ -109,35 +107,6 @@ class Ports:
         return cls(free_port(), free_port(), free_port())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return True
-
-
-def _stop_group(pid: int) -> None:
-    for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not _alive(pid):
-                return
-            time.sleep(0.1)
-    raise StackError(f"process group {pid} survived SIGKILL")
-
-
 def _http_status(url: str) -> int:
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -150,7 +119,7 @@ def _http_status(url: str) -> int:
         return error.code
 
 
-class FullStack:
+class FullStack(Supervised):
     """kube-scheduler, KWOK and the Trainer, JobSet and Kueue controllers beside a control plane."""
 
     PROCESSES = (
@@ -165,10 +134,9 @@ class FullStack:
         self.plane = plane
         self.bin_dir = bin_dir or build.binary_dir()
         self.dir = plane.run_dir / "fullstack"
-        self.pids: dict[str, int] = {}
         self.ports: dict[str, Ports] = {}
         self.nodes: list[str] = [f"sim-gpu-{index}" for index in range(NODE_COUNT)]
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes = Processes(StackError, self.dir, plane.log_file, self.save_state, PATIENCE)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -206,7 +174,7 @@ class FullStack:
         errors = []
         for name in reversed(self.PROCESSES):
             try:
-                self._stop(name)
+                self.processes.stop(name)
             except StackError as error:
                 errors.append(str(error))
         # Webhooks whose server is gone would refuse every write they cover.
@@ -222,11 +190,11 @@ class FullStack:
             raise StackError("; ".join(errors))
 
     def running(self) -> dict[str, bool]:
-        return {name: name in self.pids and _alive(self.pids[name]) for name in self.PROCESSES}
+        return {name: self.processes.running(name) for name in self.PROCESSES}
 
     def restart(self, name: str) -> None:
         """Stop and start one process on the same ports (its configuration is kept)."""
-        self._stop(name)
+        self.processes.stop(name)
         if name == "kube-scheduler":
             self._start_scheduler()
         elif name == "kwok":
@@ -296,7 +264,7 @@ class FullStack:
             "delete", "--ignore-not-found", "--wait=false", f"clusterqueue/{namespace}"
         )
 
-    # -- state shared with `python -m tests.cluster.fullstack down` -------------------------
+    # -- state shared with `python -m tests.cluster down` ---------------------------------
 
     def save_state(self) -> None:
         state = {
@@ -320,56 +288,11 @@ class FullStack:
     # -- processes --------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        log = self.plane.log_file(name).open("ab")
-        process = subprocess.Popen(
+        self.processes.spawn(
+            name,
             [str(self.bin_dir / name), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=self.dir,
             env={**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), **(env or {})},
         )
-        log.close()
-        self._children[name] = process
-        self.pids[name] = process.pid
-        self.save_state()
-
-    def _stop(self, name: str) -> None:
-        pid = self.pids.pop(name, None)
-        if pid is None:
-            return
-        _stop_group(pid)
-        child = self._children.pop(name, None)
-        if child is not None:
-            child.wait()
-        if self.dir.exists():
-            self.save_state()
-
-    def _wait_ready(self, name: str, probe: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if not _alive(self.pids[name]):
-                raise StackError(
-                    f"{name} exited during start-up; see {self.plane.log_file(name)}:\n"
-                    + self._log_tail(name)
-                )
-            with contextlib.suppress(OSError, ssl.SSLError):
-                if probe():
-                    return
-            time.sleep(POLL_INTERVAL)
-        raise StackError(
-            f"{name} not ready after {READY_TIMEOUT:.0f} s; see {self.plane.log_file(name)}:\n"
-            + self._log_tail(name)
-        )
-
-    def _log_tail(self, name: str, lines: int = 25) -> str:
-        try:
-            return "\n".join(
-                self.plane.log_file(name).read_text(errors="replace").splitlines()[-lines:]
-            )
-        except OSError:
-            return "(no log)"
 
     # -- objects ----------------------------------------------------------------------------
 
@@ -496,7 +419,7 @@ class FullStack:
             "--zap-log-level=info",
         ]
         self._spawn(name, args, env={"TMPDIR": str(tmp)})
-        self._wait_ready(
+        self.processes.wait_ready(
             name, lambda: _http_status(f"http://127.0.0.1:{ports.health}/readyz") == 200
         )
         version = build.component(name).version()
@@ -524,7 +447,7 @@ class FullStack:
                 "--profiling=false",
             ],
         )
-        self._wait_ready(
+        self.processes.wait_ready(
             "kube-scheduler",
             lambda: _http_status(f"https://127.0.0.1:{ports.health}/healthz") == 200,
         )
@@ -564,7 +487,7 @@ class FullStack:
                 "--cidr=10.64.0.0/16",
             ],
         )
-        self._wait_ready(
+        self.processes.wait_ready(
             "kwok", lambda: _http_status(f"http://127.0.0.1:{ports.health}/healthz") == 200
         )
 
