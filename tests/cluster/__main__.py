@@ -40,7 +40,12 @@ def _up(args: argparse.Namespace) -> int:
     if args.full:
         from tests.cluster.fullstack.stack import up_full
 
-        up_full(plane)
+        try:
+            up_full(plane)
+        except BaseException:
+            plane.stop()
+            shutil.rmtree(run_dir)
+            raise
     print(
         f"control plane up in {time.monotonic() - started:.1f} s at {plane.server} "
         f"(logs in {run_dir / 'logs'}); stop it with `python -m tests.cluster down`",
@@ -70,8 +75,11 @@ def _status(args: argparse.Namespace) -> int:
     if not (run_dir / "state.json").exists():
         print("down")
         return 1
+    from tests.cluster.fullstack.stack import FullStack
+
     plane = ControlPlane.attach(run_dir)
-    for name, pid in plane.pids.items():
+    pids = {**plane.pids, **FullStack.attach(plane).pids}
+    for name, pid in pids.items():
         print(f"{name}: pid {pid} {'running' if process_alive(pid) else 'gone'}")
     print(f"export KUBECONFIG={plane.kubeconfig}")
     return 0
