@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import secrets
 import socket
 import ssl
 import subprocess
@@ -168,6 +169,47 @@ class ControlPlane(Supervised):
         self.processes.wait_ready(
             "kube-controller-manager", lambda: self._https_get(url, verify=False) == 200
         )
+        self._wait_garbage_collector()
+
+    def _wait_garbage_collector(self) -> None:
+        """Wait until the garbage collector has synced and collects: /healthz answers before.
+
+        A dependent ConfigMap whose owner is deleted must go; until the collector's informers
+        have synced it stays, and tests relying on collection would race its start-up.
+        """
+        suffix = secrets.token_hex(4)
+        owner, dependent = f"gc-probe-owner-{suffix}", f"gc-probe-dependent-{suffix}"
+        self.kubectl("create", "configmap", owner, "-n", "kube-system")
+        uid = self.kubectl(
+            "get", "configmap", owner, "-n", "kube-system", "-o", "jsonpath={.metadata.uid}"
+        )
+        reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": owner, "uid": uid}
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": dependent,
+                "namespace": "kube-system",
+                "ownerReferences": [reference],
+            },
+        }
+        self.kubectl("create", "-f", "-", stdin=json.dumps(manifest))
+        self.kubectl("delete", "configmap", owner, "-n", "kube-system", "--wait=false")
+        self.processes.wait_ready(
+            "kube-controller-manager",
+            lambda: (
+                not self.kubectl(
+                    "get",
+                    "configmap",
+                    dependent,
+                    "-n",
+                    "kube-system",
+                    "--ignore-not-found",
+                    "-o",
+                    "name",
+                )
+            ),
+        )
 
     def compact_etcd(self) -> int:
         """Compact etcd at its current revision; return that revision.
@@ -222,14 +264,16 @@ class ControlPlane(Supervised):
     def _answers_ok(self, url: str) -> bool:
         return self._https_get(url) == 200
 
-    def kubectl(self, *args: str, user_kubeconfig: Path | None = None) -> str:
+    def kubectl(
+        self, *args: str, user_kubeconfig: Path | None = None, stdin: str | None = None
+    ) -> str:
         """Run the kubectl built with the control plane; raise with its output on failure."""
         command = [
             str(self.bin_dir / "kubectl"),
             f"--kubeconfig={user_kubeconfig or self.kubeconfig}",
             *args,
         ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        result = subprocess.run(command, input=stdin, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ControlPlaneError(
                 f"`kubectl {' '.join(args)}` failed ({result.returncode}): {result.stderr.strip()}"
