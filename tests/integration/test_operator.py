@@ -452,7 +452,9 @@ async def test_deleting_a_dispatchjob_stops_its_job_and_everything_of_it_goes(
     cluster: Any, scene: Scene, operator: Path
 ) -> None:
     cluster.start_controller_manager()  # the garbage collector takes the TrainJob's dependents
-    await scene.apply_adapter(scene.adapter_spec())
+    # Late in a whole-suite run the collector works through the previous tests' namespaces
+    # too; give it the time it needs rather than the short bound the other tests use.
+    await scene.apply_adapter(scene.adapter_spec(timeouts={"stopJob": "120s"}))
     await scene.ready_adapter()
     await scene.create_job("doomed")
     await scene.job_in_state("doomed", "Pending")
@@ -483,7 +485,7 @@ async def test_deleting_a_dispatchjob_stops_its_job_and_everything_of_it_goes(
     async def gone() -> bool:
         return await scene.job("doomed") is None
 
-    await eventually(gone, "the DispatchJob to go (its finalizer released)")
+    await eventually(gone, "the DispatchJob to go (its finalizer released)", within=150.0)
     assert await scene.trainjob("doomed-1") is None
     pods = await core.list_namespaced_pod(scene.namespace, label_selector=f"{LABEL_JOB}=doomed")
     assert pods.items == []
