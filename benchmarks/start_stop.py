@@ -18,10 +18,8 @@ import asyncio
 import json
 import secrets
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +38,10 @@ RUNTIME = RuntimeRef(kind="TrainingRuntime", name="dispatch-torch")
 SEQUENTIAL = 10
 
 
-@contextmanager
-def control_plane(kubeconfig: Path | None) -> Iterator[Path]:
-    if kubeconfig is not None:
-        yield kubeconfig
-        return
-    from tests.cluster import binaries
-    from tests.cluster.controlplane import ControlPlane
+def control_plane(kubeconfig: Path | None) -> AbstractContextManager[Path]:
+    from tests.cluster.controlplane import given_or_temporary
 
-    binaries.build()
-    with tempfile.TemporaryDirectory(prefix="bench-control-plane-") as run_dir:
-        plane = ControlPlane(Path(run_dir))
-        plane.start()
-        try:
-            yield plane.kubeconfig
-        finally:
-            plane.stop()
+    return given_or_temporary(kubeconfig)
 
 
 async def prepare(kubeconfig: Path, namespace: str) -> None:

@@ -33,11 +33,10 @@ import secrets
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -55,22 +54,10 @@ ADAPTER = "bench"
 TRANSITIONS = ("Admitted", "Running", "Restarted", "Evicted", "Finished")
 
 
-@contextmanager
-def control_plane(kubeconfig: Path | None) -> Iterator[Path]:
-    if kubeconfig is not None:
-        yield kubeconfig
-        return
-    from tests.cluster import binaries
-    from tests.cluster.controlplane import ControlPlane
+def control_plane(kubeconfig: Path | None) -> AbstractContextManager[Path]:
+    from tests.cluster.controlplane import given_or_temporary
 
-    binaries.build()
-    with tempfile.TemporaryDirectory(prefix="bench-control-plane-") as run_dir:
-        plane = ControlPlane(Path(run_dir))
-        plane.start()
-        try:
-            yield plane.kubeconfig
-        finally:
-            plane.stop()
+    return given_or_temporary(kubeconfig)
 
 
 def settings_for(namespace: str) -> Settings:

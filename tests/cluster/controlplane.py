@@ -9,15 +9,17 @@ state in one run folder. The pytest fixture and `python -m tests.cluster up` bot
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import secrets
 import socket
 import ssl
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -502,3 +504,19 @@ class ControlPlane(Supervised):
 def _b64(data: bytes | str) -> str:
     raw = data.encode() if isinstance(data, str) else data
     return base64.b64encode(raw).decode()
+
+
+@contextlib.contextmanager
+def given_or_temporary(kubeconfig: Path | None) -> Iterator[Path]:
+    """`kubeconfig` when one is given; else a control plane of its own for the `with` block."""
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    binaries.build()
+    with tempfile.TemporaryDirectory(prefix="control-plane-") as run_dir:
+        plane = ControlPlane(Path(run_dir))
+        plane.start()
+        try:
+            yield plane.kubeconfig
+        finally:
+            plane.stop()
