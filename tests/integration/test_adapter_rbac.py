@@ -8,7 +8,6 @@ The test's own setup (runtimes, the objects controllers would make) runs as the 
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from dispatch_kubeflow.errors import ErrNotFound
 from dispatch_kubeflow.settings import Cluster, Kueue
 from dispatch_kubeflow.trainjob import JobSpec
 from tests.cluster.controlplane import ControlPlane
+from tests.integration.rbac import user_with_rules
 from tests.integration.test_adapter import (
     create_runtime,
     example_runtime,
@@ -33,6 +33,7 @@ from tests.integration.test_adapter import (
 )
 
 RULES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files/rbac-adapter.yaml"
+CHART_RULES = yaml.safe_load(RULES.read_text())
 
 
 @pytest.fixture
@@ -40,26 +41,8 @@ async def restricted_kubeconfig(
     cluster: ControlPlane, kube_api: client.ApiClient
 ) -> AsyncIterator[Path]:
     """A kubeconfig for a user that holds only the chart's adapter rules."""
-    user = f"dispatch-adapter-{secrets.token_hex(3)}"
-    rbac = client.RbacAuthorizationV1Api(kube_api)
-    rules = yaml.safe_load(RULES.read_text())
-    await rbac.create_cluster_role({"metadata": {"name": user}, "rules": rules})
-    await rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": user},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": user,
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }
-    )
-    try:
-        yield cluster.kubeconfig_for(user)
-    finally:
-        await rbac.delete_cluster_role_binding(user)
-        await rbac.delete_cluster_role(user)
+    async with user_with_rules(cluster, kube_api, CHART_RULES, "dispatch-adapter") as kubeconfig:
+        yield kubeconfig
 
 
 @pytest.fixture
@@ -156,7 +139,7 @@ async def test_the_chart_rules_grant_no_secret(
         assert refusals == [403, 403, 403]
     finally:
         await api.close()
-    rules = yaml.safe_load(RULES.read_text())
+    rules = CHART_RULES
     assert not [
         r for r in rules if "secrets" in r.get("resources", []) or "*" in r.get("resources", [])
     ]

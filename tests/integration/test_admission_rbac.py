@@ -6,7 +6,6 @@ It runs as a restricted identity bound to a ClusterRole made of the chart's
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     CheckState,
 )
+from tests.integration.rbac import user_with_rules
 from tests.integration.test_admission import (
     OTHER_CHECK,
     Scene,
@@ -34,6 +34,7 @@ from tests.integration.test_admission import (
 )
 
 RULES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files/rbac-admission.yaml"
+CHART_RULES = yaml.safe_load(RULES.read_text())
 
 
 @pytest.fixture
@@ -41,28 +42,12 @@ async def restricted_api(
     cluster: Any, kube_api: client.ApiClient
 ) -> AsyncIterator[client.ApiClient]:
     """An ApiClient for a user that holds only the chart's admission rules."""
-    user = f"admission-{secrets.token_hex(3)}"
-    rbac = client.RbacAuthorizationV1Api(kube_api)
-    rules = yaml.safe_load(RULES.read_text())
-    await rbac.create_cluster_role({"metadata": {"name": user}, "rules": rules})
-    await rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": user},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": user,
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }
-    )
-    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig_for(user)))
-    try:
-        yield api
-    finally:
-        await api.close()
-        await rbac.delete_cluster_role_binding(user)
-        await rbac.delete_cluster_role(user)
+    async with user_with_rules(cluster, kube_api, CHART_RULES, "admission") as kubeconfig:
+        api = await config.new_client_from_config(config_file=str(kubeconfig))
+        try:
+            yield api
+        finally:
+            await api.close()
 
 
 async def test_the_chart_rules_are_enough_to_lead_mark_active_and_decide(

@@ -10,13 +10,10 @@ Everywhere else the two accept and refuse the same documents.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -28,37 +25,10 @@ from dispatch_kubeflow.settings import (
     POSITIVE_DURATION_PATTERN,
     PUBLISH_DIR_PATTERN,
     QUALIFIED_NAME_PATTERN,
-    InvalidSettings,
     go_path_clean,
-    parse_settings,
     paths_overlap,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def ecma_pattern(
-    validator: Any, pattern: str, instance: Any, _schema: Any
-) -> Iterator[jsonschema.ValidationError]:
-    """``pattern`` with ECMA-262's ``$`` (end of input only, unlike Python's before a final \\n)."""
-    if isinstance(instance, str) and not re.search(re.sub(r"(?<!\\)\$", r"\\Z", pattern), instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": ecma_pattern})
-VALIDATOR = Validator(json.loads((ROOT / "schema.json").read_bytes()))
-
-
-def schema_accepts(document: Any) -> bool:
-    return bool(VALIDATOR.is_valid(document))
-
-
-def parser_accepts(document: Any) -> bool:
-    try:
-        parse_settings(json.dumps(document))
-    except InvalidSettings:
-        return False
-    return True
+from tests.unit.test_schema import parser_accepts, schema_accepts
 
 
 def _matches(pattern: str, value: Any) -> bool:
