@@ -24,7 +24,6 @@ from kubernetes_asyncio.watch import Watch
 from pydantic import BaseModel, ConfigDict, SkipValidation
 
 from dispatch_kubeflow.admission import eviction_count
-from dispatch_kubeflow.connection import ApiClientWithTimeouts, connect
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
@@ -65,6 +64,7 @@ from dispatch_kubeflow.events import (
     Taint,
     derive,
 )
+from dispatch_kubeflow.kube.connection import ApiClientWithTimeouts, connect
 from dispatch_kubeflow.runtimes import check_runtime, describe
 from dispatch_kubeflow.settings import Declarations, RuntimeRef, Settings, parse_settings
 from dispatch_kubeflow.trainjob import (

@@ -59,7 +59,6 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict
 
-from dispatch_kubeflow import connection
 from dispatch_kubeflow.constants import (
     ADMISSION_CHECK_ACTIVE,
     ADMISSION_CHECKS,
@@ -80,6 +79,7 @@ from dispatch_kubeflow.constants import (
     CheckState,
 )
 from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.kube import connection
 from dispatch_kubeflow.leader import (
     ApiLeaseStore,
     Clock,

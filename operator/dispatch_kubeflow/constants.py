@@ -76,9 +76,49 @@ GPU_RESOURCE_DEFAULT: Final = "nvidia.com/gpu"
 ADMISSION_LEASE_NAMESPACE_DEFAULT: Final = "dispatch-system"
 ADMISSION_LEASE_NAME_DEFAULT: Final = "dispatch-admission"
 
-# The KubeflowAdapter resource.
+# Our resources.
 KUBEFLOW_ADAPTER_KIND: Final = "KubeflowAdapter"
 KUBEFLOW_ADAPTERS: Final = "kubeflowadapters"
+DISPATCH_JOB_KIND: Final = "DispatchJob"
+DISPATCH_JOBS: Final = "dispatchjobs"
+
+# Kinds, as they appear in evidence and owner references.
+KIND_TRAINJOB: Final = "TrainJob"
+KIND_JOBSET: Final = "JobSet"
+KIND_POD: Final = "Pod"
+KIND_WORKLOAD: Final = "Workload"
+KIND_NODE: Final = "Node"
+KIND_LEASE: Final = "Lease"
+KIND_ADMISSION_CHECK: Final = "AdmissionCheck"
+
+# Coordination (Leases).
+LEASE_GROUP: Final = "coordination.k8s.io"
+LEASE_VERSION: Final = "v1"
+LEASES: Final = "leases"
+
+# Patch content types.
+MERGE_PATCH: Final = "application/merge-patch+json"
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+
+# TrainJob conditions and reasons read by derivation.
+TRAINJOB_COMPLETE: Final = "Complete"
+TRAINJOB_FAILED: Final = "Failed"
+TRAINJOB_SUSPENDED: Final = "Suspended"
+REASON_DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
+REASON_RUNTIME_NOT_SUPPORTED: Final = "TrainingRuntimeNotSupported"
+
+# Pod conditions, reasons and container states read by derivation.
+POD_DISRUPTION_TARGET: Final = "DisruptionTarget"
+POD_REASON_TAINT_MANAGER: Final = "DeletionByTaintManager"
+POD_SCHEDULED: Final = "PodScheduled"
+POD_REASON_UNSCHEDULABLE: Final = "Unschedulable"
+WAITING_IMAGE_PULL: Final = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+WAITING_CONFIG: Final = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+TERMINATED_OOM: Final = "OOMKilled"
+LABEL_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+EFFECT_NO_EXECUTE: Final = "NoExecute"
 
 
 class State(StrEnum):
@@ -140,10 +180,24 @@ class JobCondition(StrEnum):
 REASON_INVALID_SETTINGS: Final = "InvalidSettings"
 
 
-# Kueue Workload conditions and admission checks, as the admission controller reads and writes them.
+# Kueue Workload conditions and reasons.
 WORKLOAD_QUOTA_RESERVED: Final = "QuotaReserved"
+WORKLOAD_ADMITTED: Final = "Admitted"
 WORKLOAD_EVICTED: Final = "Evicted"
 WORKLOAD_FINISHED: Final = "Finished"
+WORKLOAD_DEACTIVATION_TARGET: Final = "DeactivationTarget"
+WL_REASON_PREEMPTED: Final = "Preempted"
+WL_REASON_NODE_FAILURES: Final = "NodeFailures"
+WL_REASON_PODS_READY_TIMEOUT: Final = "PodsReadyTimeout"
+WL_REASON_DEACTIVATED: Final = "Deactivated"
+WL_REASON_MAX_EXEC_TIME: Final = "MaximumExecutionTimeExceeded"
+WL_NO_CAPACITY_REASONS: Final = frozenset({"Inadmissible", "ExceedsMaxQuota", "NoMatchingFlavor"})
+# Without the UnadmittedWorkloadsObservability gate Kueue reports every unadmitted Workload with
+# reason Pending; only the flavor assigner's verdict says the job does not fit.
+WL_REASON_PENDING: Final = "Pending"
+WL_NO_FIT_PREFIX: Final = "couldn't assign flavors to pod set"
+# Suffixes Kueue appends when it found room by preempting others: the job fits once they go.
+WL_PREEMPTION_UNDERWAY: Final = ("Pending the preemption of", "Preempting ")
 ADMISSION_CHECK_ACTIVE: Final = "Active"
 ADMISSION_FIELD_MANAGER: Final = ADMISSION_CONTROLLER_NAME
 
@@ -161,6 +215,5 @@ class CheckState(StrEnum):
 LABEL_PROBE: Final = f"{PREFIX}probe"
 PROBE_JOB_PREFIX: Final = "dispatch-probe-"
 LOCAL_QUEUES: Final = "localqueues"
-KIND_TRAINJOB: Final = "TrainJob"
 # DispatchJob status field holding each attempt's reported record (the operator's ReportStore).
 STATUS_REPORTED: Final = "reported"

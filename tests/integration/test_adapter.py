@@ -27,7 +27,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow import connection
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig, check_trainer_api
-from dispatch_kubeflow.connection import connect
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
@@ -42,6 +41,7 @@ from dispatch_kubeflow.constants import (
     State,
 )
 from dispatch_kubeflow.errors import ErrInvalid, ErrNotFound, ErrOutcomeUnknown, ErrUnsupported
+from dispatch_kubeflow.kube.connection import connect
 from dispatch_kubeflow.settings import (
     Cluster,
     Credential,

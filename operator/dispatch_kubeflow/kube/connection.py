@@ -1,6 +1,6 @@
 """How the adapter reaches the apiserver, the way client-go would.
 
-``settings.cluster`` names a kubeconfig (and context), or the pod's service account, or nothing,
+The caller names a kubeconfig (and context), or the pod's service account, or nothing,
 in which case client-go's loading rules apply: ``KUBECONFIG`` (a colon-separated list, missing
 files skipped), then ``~/.kube/config``, then the service account when running in a pod. A
 bearer token given to the adapter replaces whatever credentials the kubeconfig carries (client
@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -36,7 +36,7 @@ from kubernetes_asyncio.config.kube_config import (
 )
 
 from dispatch_kubeflow.errors import ErrUnsupported
-from dispatch_kubeflow.settings import Cluster
+from dispatch_kubeflow.kube.apierrors import HTTP_TOO_MANY_REQUESTS
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 # Where Kubernetes mounts a pod's service account token and the cluster CA.
@@ -82,7 +82,7 @@ class ApiClientWithTimeouts(ApiClient):
             except ApiException as error:
                 # 429 means the apiserver did not act on the request (priority and fairness,
                 # or storage still initialising): safe to send again, as client-go does.
-                if error.status != 429 or retry == TOO_MANY_REQUESTS_RETRIES:
+                if error.status != HTTP_TOO_MANY_REQUESTS or retry == TOO_MANY_REQUESTS_RETRIES:
                     raise
                 await asyncio.sleep(_retry_after(error))
         raise AssertionError("unreachable")
@@ -101,20 +101,34 @@ def _is_watch(query_params: Sequence[tuple[str, Any]] | None) -> bool:
     return any(key == "watch" and value for key, value in query_params or ())
 
 
+class ClusterLocation(Protocol):
+    """Where the cluster is: the settings document's ``cluster`` object has these fields."""
+
+    @property
+    def kubeconfig(self) -> str | None: ...
+
+    @property
+    def context(self) -> str | None: ...
+
+    @property
+    def in_cluster(self) -> bool: ...
+
+
 async def connect(
-    cluster: Cluster, *, token: str | None, request_timeout: timedelta
+    cluster: ClusterLocation, *, token: str | None, request_timeout: timedelta
 ) -> ApiClientWithTimeouts:
     """An API client for ``cluster``, or ``ErrUnsupported`` saying why there can be none."""
+    kubeconfig, context = cluster.kubeconfig, cluster.context
     configuration = Configuration()
     if cluster.in_cluster:
         _load_service_account(configuration)
     else:
-        paths = _kubeconfig_paths(cluster.kubeconfig)
+        paths = _kubeconfig_paths(kubeconfig)
         if paths:
-            await _load_kubeconfig(configuration, paths, cluster.context, token)
-        elif cluster.context is not None:
+            await _load_kubeconfig(configuration, paths, context, token)
+        elif context is not None:
             raise ErrUnsupported(
-                f"connect: cluster.context {cluster.context!r} is set, but no kubeconfig was "
+                f"connect: cluster.context {context!r} is set, but no kubeconfig was "
                 "found (KUBECONFIG is unset or names no existing file, ~/.kube/config is missing)"
             )
         elif _in_a_pod():

@@ -1,0 +1,7 @@
+"""The foundation: talking to the Kubernetes API.
+
+Nothing here knows about jobs, settings or events. ``apierrors`` turns API and transport
+failures into the project's error family; ``objects`` reads raw objects; ``workloads`` holds the
+predicates on Kueue Workloads; ``informer`` is the one LIST+WATCH; ``leases`` the one Lease
+model; ``connection`` makes API clients the way client-go would.
+"""
