@@ -129,14 +129,7 @@ class ControlPlane(Supervised):
 
     def stop(self) -> None:
         """Stop every process this control plane started (controller-manager first)."""
-        errors = []
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
-            try:
-                self.processes.stop(name)
-            except ControlPlaneError as error:
-                errors.append(str(error))
-        if errors:
-            raise ControlPlaneError("; ".join(errors))
+        self.processes.stop_all(("kube-controller-manager", "kube-apiserver", "etcd"))
 
     def stop_apiserver(self) -> None:
         self.processes.stop("kube-apiserver")

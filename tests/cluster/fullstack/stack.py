@@ -172,11 +172,10 @@ class FullStack(Supervised):
         if not self.pids:
             return
         errors = []
-        for name in reversed(self.PROCESSES):
-            try:
-                self.processes.stop(name)
-            except StackError as error:
-                errors.append(str(error))
+        try:
+            self.processes.stop_all(reversed(self.PROCESSES))
+        except StackError as error:
+            errors.append(str(error))
         # Webhooks whose server is gone would refuse every write they cover.
         with contextlib.suppress(Exception):
             self.plane.kubectl(
