@@ -6,6 +6,7 @@ Run from the repository root: ``python3 benchmarks/parse_settings.py [--seconds 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     for name, document in (("seed example", EXAMPLE), ("1,000 labels", MANY_LABELS)):
         text = json.dumps(document)
-        rate = documents_per_second(lambda text=text: parse_settings(text), args.seconds)
+        rate = documents_per_second(functools.partial(parse_settings, text), args.seconds)
         print(f"{name:>12}: {rate:12,.0f} documents/s  ({len(text):,} bytes)")
 
 

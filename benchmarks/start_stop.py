@@ -48,7 +48,9 @@ async def prepare(kubeconfig: Path, namespace: str) -> None:
     """The namespace and the example runtime, as an admin."""
     api = await config.new_client_from_config(config_file=str(kubeconfig))
     try:
-        await client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        await client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
         runtime: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
         runtime["kind"] = RUNTIME.kind
         runtime["metadata"] = {"name": RUNTIME.name}

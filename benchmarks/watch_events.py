@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -124,6 +124,15 @@ def cond(type_: str, reason: str, at: datetime | None = None) -> dict[str, Any]:
     }
 
 
+class Where(TypedDict):
+    """Where a namespaced custom object lives: the keyword arguments of CustomObjectsApi."""
+
+    group: str
+    version: str
+    namespace: str
+    plural: str
+
+
 class Cluster:
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.ns = namespace
@@ -137,7 +146,7 @@ class Cluster:
             constants.LABEL_ATTEMPT: "1",
         }
 
-    def where(self, group: str, version: str, plural: str) -> dict[str, str]:
+    def where(self, group: str, version: str, plural: str) -> Where:
         return {"group": group, "version": version, "namespace": self.ns, "plural": plural}
 
     async def create_job(self, job: str) -> None:
@@ -200,16 +209,19 @@ class Cluster:
         )
         await self.core.create_namespaced_pod(
             self.ns,
-            {
-                "metadata": {
-                    "name": f"{job}-1-node-0-0",
-                    "labels": {**self.labels(job), constants.LABEL_RESTART_ATTEMPT: "0"},
-                },
-                "spec": pod_spec,
-            },
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(
+                    name=f"{job}-1-node-0-0",
+                    labels={**self.labels(job), constants.LABEL_RESTART_ATTEMPT: "0"},
+                ),
+                spec=client.V1PodSpec(
+                    restart_policy="Never",
+                    containers=[client.V1Container(name="node", image="x:1")],
+                ),
+            ),
         )
 
-    async def _status(self, where: dict[str, str], name: str, status: dict[str, Any]) -> None:
+    async def _status(self, where: Where, name: str, status: dict[str, Any]) -> None:
         patch: Callable[..., Awaitable[Any]] = self.custom.patch_namespaced_custom_object_status
         await patch(name=name, body={"status": status}, _content_type=MERGE, **where)
 
@@ -354,7 +366,9 @@ async def drive(
 async def prepare(kubeconfig: Path, namespace: str) -> None:
     api = await config.new_client_from_config(config_file=str(kubeconfig))
     try:
-        await client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        await client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
     finally:
         await api.close()
 
