@@ -118,13 +118,11 @@ def go_files(folder: Path) -> Iterator[Path]:
 
 def constants(text: str) -> list[tuple[str, str | None, str]]:
     """(name, type or None, value) of every string constant or variable in Go source."""
-    found = [
-        m.groups()
-        for block in _CONST_BLOCK.finditer(text)
-        for m in _CONST_LINE.finditer(block.group(1))
+    matches = [
+        *(m for block in _CONST_BLOCK.finditer(text) for m in _CONST_LINE.finditer(block.group(1))),
+        *_SINGLE_CONST.finditer(text),
     ]
-    found += [m.groups() for m in _SINGLE_CONST.finditer(text)]
-    return found
+    return [(m.group(1), m.group(2), m.group(3)) for m in matches]
 
 
 @cache
