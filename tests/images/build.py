@@ -142,9 +142,9 @@ def build() -> Built:
     return Built(operator, publish, [run_base, build_base, busybox_base], wheelhouse_seconds)
 
 
-def report(built: Built) -> str:
-    """Names, sizes, digests and times, one line each, then the same as JSON."""
-    lines = [
+def summary(built: Built) -> list[str]:
+    """Names, sizes, digests and times, one line each."""
+    return [
         *(
             f"base {b.name}: {'made' if b.made else 'reused'} in {b.seconds:.0f} s"
             for b in built.bases
@@ -153,6 +153,10 @@ def report(built: Built) -> str:
         built.operator.describe(),
         built.publish.describe(),
     ]
+
+
+def report(built: Built) -> str:
+    """The summary, then the images as JSON."""
     as_json = json.dumps(
         {
             "operator": {**asdict(built.operator), "reference": built.operator.reference},
@@ -160,4 +164,4 @@ def report(built: Built) -> str:
         },
         indent=2,
     )
-    return "\n".join([*lines, as_json])
+    return "\n".join([*summary(built), as_json])
