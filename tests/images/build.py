@@ -17,11 +17,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tests.images import base, tools
+from tests.images import base, locks, tools
 from tests.images.podman import podman
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCKS = (ROOT / "requirements.lock", ROOT / "requirements-build.lock")
+LOCKS = (locks.RUNTIME_LOCK, locks.BUILD_LOCK)
 OPERATOR = "localhost/dispatch-kubeflow"
 PUBLISH = "localhost/dispatch-publish"
 TAG = "local"

@@ -6,15 +6,14 @@ The operator image serving jobs on the full stack is tests/fullstack/test_operat
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from dispatch_kubeflow.constants import PUBLISH_DIR, PUBLISH_MAX_BYTES
 from dispatch_kubeflow.publish import encode
-from tests.images import base
-from tests.images.build import LOCKS, Built
+from tests.images import base, locks
+from tests.images.build import Built
 from tests.images.deployment import publish_init_container
 from tests.images.fixtures import BUILD_TIMEOUT_S
 from tests.images.podman import ULIMITS, podman
@@ -22,15 +21,10 @@ from tests.images.podman import ULIMITS, podman
 pytestmark = [pytest.mark.image, pytest.mark.cluster, pytest.mark.timeout(BUILD_TIMEOUT_S)]
 
 OPERATOR_SIZE_LIMIT = 200_000_000
-PIN = re.compile(r"^([A-Za-z0-9._-]+)==(\S+)", re.MULTILINE)
 LIST_DISTRIBUTIONS = (
     "import importlib.metadata as m, json; "
     "print(json.dumps(sorted((d.metadata['Name'], d.version) for d in m.distributions())))"
 )
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _run(image: str, *args: str, options: tuple[str, ...] = ()) -> str:
@@ -50,8 +44,8 @@ def test_the_operator_image_holds_exactly_the_locked_packages_and_the_project(
         LIST_DISTRIBUTIONS,
         options=("--entrypoint=python3",),
     )
-    installed = {_normalized(name): version for name, version in json.loads(listed)}
-    locked = {_normalized(n): v for n, v in PIN.findall(LOCKS[0].read_text())}
+    installed = {locks.normalized(name): version for name, version in json.loads(listed)}
+    locked = {name: version for name, (version, _) in locks.pins(locks.RUNTIME_LOCK).items()}
     assert installed == {**locked, "dispatch-kubeflow": "0.1.0"}
 
 
