@@ -22,6 +22,7 @@ from kubernetes_asyncio import client
 
 from dispatch_kubeflow.constants import GROUP, VERSION
 from tests.helm import binary
+from tests.images import deployment as podman_run
 from tests.integration.test_operator import (
     ADAPTER,
     Scene,
@@ -290,3 +291,31 @@ def test_the_operator_and_admission_deployments_select_only_their_own_pods(
     assert selects(admission["selector"], admission_pods)
     assert not selects(operator["selector"], admission_pods)
     assert not selects(admission["selector"], operator_pods)
+
+
+def test_the_deployment_runs_the_built_image_by_digest_as_the_image_test_runs_it(
+    helm: Path,
+) -> None:
+    digest = "sha256:" + "ab" * 32
+    deployment = one(
+        render(
+            helm,
+            "--set",
+            "image.repository=localhost/dispatch-kubeflow",
+            "--set",
+            f"image.digest={digest}",
+        ),
+        "Deployment",
+    )
+    arguments = podman_run.run_arguments(deployment, "operator")
+    container = podman_run.container(deployment, "operator")
+
+    assert container["image"] == f"localhost/dispatch-kubeflow@{digest}"
+    assert container["command"] == ["dispatch-kubeflow"]
+    assert arguments[-len(container["args"]) - 1 :] == [container["image"], *container["args"]]
+    assert '--entrypoint=["dispatch-kubeflow"]' in arguments
+    assert "--user=65532:65532" in arguments
+    assert {"--read-only", "--read-only-tmpfs=false", "--cap-drop=ALL"} <= set(arguments)
+    assert "--security-opt=no-new-privileges" in arguments
+    assert [a for a in arguments if a.startswith("--tmpfs")] == ["--tmpfs=/tmp:rw,mode=1777"]
+    assert podman_run.liveness_port(container) == 8080
