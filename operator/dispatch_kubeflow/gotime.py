@@ -79,27 +79,29 @@ def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _leading_int(s: str) -> tuple[int, str]:
-    """Consume ``[0-9]*``; raise on uint64 overflow as Go's leadingInt does."""
+def _is_digit(c: str) -> bool:
+    return "0" <= c <= "9"
+
+
+def _leading_int(s: str, i: int) -> tuple[int, int]:
+    """Consume ``[0-9]*`` from ``s[i]``; raise on uint64 overflow as Go's leadingInt does."""
     x = 0
-    i = 0
-    while i < len(s) and "0" <= s[i] <= "9":
+    while i < len(s) and _is_digit(s[i]):
         if x > _MAX_ABS // 10:
             raise OverflowError
         x = x * 10 + ord(s[i]) - ord("0")
         if x > _MAX_ABS:
             raise OverflowError
         i += 1
-    return x, s[i:]
+    return x, i
 
 
-def _leading_fraction(s: str) -> tuple[int, float, str]:
+def _leading_fraction(s: str, i: int) -> tuple[int, float, int]:
     """Consume ``[0-9]*`` after a decimal point, keeping only the digits that fit (Go's rule)."""
     x = 0
     scale = 1.0
     overflow = False
-    i = 0
-    while i < len(s) and "0" <= s[i] <= "9":
+    while i < len(s) and _is_digit(s[i]):
         if not overflow:
             if x > _MAX_INT64 // 10:
                 overflow = True
@@ -111,45 +113,49 @@ def _leading_fraction(s: str) -> tuple[int, float, str]:
                     x = y
                     scale *= 10
         i += 1
-    return x, scale, s[i:]
+    return x, scale, i
 
 
 def parse_duration_ns(text: str) -> int:
-    """Go's ``time.ParseDuration``: the duration in nanoseconds, or ``DurationError``."""
+    """Go's ``time.ParseDuration``: the duration in nanoseconds, or ``DurationError``.
+
+    One pass over ``text`` by index, so the cost is linear in its length.
+    """
     invalid = DurationError("time: invalid duration " + _quote(text))
     s = text
+    i = 0
     neg = False
     if s and s[0] in "+-":
         neg = s[0] == "-"
-        s = s[1:]
-    if s == "0":
+        i = 1
+    if s[i:] == "0":
         return 0
-    if not s:
+    if i == len(s):
         raise invalid
     total = 0
-    while s:
-        if not (s[0] == "." or "0" <= s[0] <= "9"):
+    while i < len(s):
+        if not (s[i] == "." or _is_digit(s[i])):
             raise invalid
-        before = len(s)
+        start = i
         try:
-            whole, s = _leading_int(s)
+            whole, i = _leading_int(s, i)
         except OverflowError:
             raise invalid from None
-        pre = before != len(s)
+        pre = i != start
         frac, scale, post = 0, 1.0, False
-        if s and s[0] == ".":
-            s = s[1:]
-            before = len(s)
-            frac, scale, s = _leading_fraction(s)
-            post = before != len(s)
+        if i < len(s) and s[i] == ".":
+            i += 1
+            start = i
+            frac, scale, i = _leading_fraction(s, i)
+            post = i != start
         if not pre and not post:
             raise invalid
-        i = 0
-        while i < len(s) and not (s[i] == "." or "0" <= s[i] <= "9"):
+        start = i
+        while i < len(s) and not (s[i] == "." or _is_digit(s[i])):
             i += 1
-        if i == 0:
+        if i == start:
             raise DurationError("time: missing unit in duration " + _quote(text))
-        unit_text, s = s[:i], s[i:]
+        unit_text = s[start:i]
         unit = _UNITS.get(unit_text)
         if unit is None:
             raise DurationError(

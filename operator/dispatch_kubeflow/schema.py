@@ -6,7 +6,12 @@ against; ``schema.json`` at the repository root holds exactly ``schema_bytes()``
 structural OpenAPI v3 schema, so ``$ref``s are inlined, the cross-field rules become CEL
 ``x-kubernetes-validations`` and list uniqueness becomes ``x-kubernetes-list-type``.
 
-The patterns come from ``settings`` so the parser and the schemas spell every shape once.
+The patterns and bounds come from ``settings`` so the parser and the schemas spell every shape
+once. In the JSON Schema every pattern that ends in ``$`` goes with a guard against newlines, so
+that validators on Python's ``re`` (whose ``$`` also matches before a final newline) agree with
+ECMA-262 and the parser; every pattern is unambiguous, so backtracking engines stay linear. In
+the CRD every pattern becomes a CEL rule with a message in words, so that a refused manifest
+says what a value must be instead of showing a regular expression.
 
 ``python -m dispatch_kubeflow.schema --write`` rewrites ``schema.json`` and the CRD files;
 ``--check`` exits 1 when a committed file is not current.
@@ -37,16 +42,23 @@ from dispatch_kubeflow.constants import (
     VERSION,
     AdapterCondition,
 )
-from dispatch_kubeflow.settings import (
+from dispatch_kubeflow.settings.models import (
+    DURATION_MAX,
+    ENTRIES_MAX,
+    NODE_LOSS_WINDOW_DEFAULT,
+    POSITIVE_DURATION_PATTERN,
+)
+from dispatch_kubeflow.settings.names import (
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
     IMAGE_DIGEST_PATTERN,
+    IMAGE_MAX,
     LABEL_MAX,
     LABEL_VALUE_PATTERN,
+    MOUNT_PATH_MAX,
     MOUNT_PATH_PATTERN,
-    NODE_LOSS_WINDOW_DEFAULT,
-    POSITIVE_DURATION_PATTERN,
-    PUBLISH_DIR_PATTERN,
+    PUBLISH_DIR_INSIDE_PATTERN,
+    QUALIFIED_NAME_MAX,
     QUALIFIED_NAME_PATTERN,
     RESERVED_PREFIX_PATTERN,
     SUBDOMAIN_MAX,
@@ -56,6 +68,9 @@ SCHEMA_ID: Final = "https://gitlab.com/phpboyscout/go/dispatch-kubeflow/schema.j
 SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE: Final = "schema.json"
 CRD_DIR: Final = "crds"
+CHART_CRD_DIR: Final = "charts/dispatch-kubeflow/crds"
+# Refuses a string holding a newline: what '$' lets through in Python's re and nowhere else.
+NEWLINE_PATTERN: Final = r"\n"
 
 Schema = dict[str, Any]
 
@@ -65,6 +80,17 @@ Schema = dict[str, Any]
 
 def _string(description: str, **keywords: Any) -> Schema:
     return {"type": "string", "description": description, **keywords}
+
+
+def _shaped(description: str, pattern: str, max_length: int, **keywords: Any) -> Schema:
+    """A string of at most ``max_length`` matching ``pattern``, with no newline anywhere."""
+    return _string(
+        description,
+        maxLength=max_length,
+        pattern=pattern,
+        **{"not": {"pattern": NEWLINE_PATTERN}},
+        **keywords,
+    )
 
 
 def _object(
@@ -83,15 +109,25 @@ def _object(
 
 
 def _dns_label(description: str) -> Schema:
-    return _string(description, maxLength=LABEL_MAX, pattern=DNS_LABEL_PATTERN)
+    return _shaped(description, DNS_LABEL_PATTERN, LABEL_MAX)
 
 
 def _object_name(description: str) -> Schema:
-    return _string(description, maxLength=SUBDOMAIN_MAX, pattern=DNS_SUBDOMAIN_PATTERN)
+    return _shaped(description, DNS_SUBDOMAIN_PATTERN, SUBDOMAIN_MAX)
 
 
 def _queue_name(description: str) -> Schema:
-    return _string(description, maxLength=LABEL_MAX, pattern=DNS_SUBDOMAIN_PATTERN)
+    return _shaped(description, DNS_SUBDOMAIN_PATTERN, LABEL_MAX)
+
+
+def _list(description: str, items: Schema, **keywords: Any) -> Schema:
+    return {
+        "type": "array",
+        "description": description,
+        "maxItems": ENTRIES_MAX,
+        "items": items,
+        **keywords,
+    }
 
 
 def _duration(description: str, default: str) -> Schema:
@@ -106,6 +142,7 @@ def _metadata(description: str, values: Schema) -> Schema:
     return {
         "type": "object",
         "description": description,
+        "maxProperties": ENTRIES_MAX,
         "propertyNames": {
             "$ref": "#/$defs/qualifiedName",
             "not": {"pattern": RESERVED_PREFIX_PATTERN},
@@ -119,16 +156,18 @@ _RESERVED_TEXT: Final = ", ".join(RESERVED_PREFIXES)
 
 def _defs() -> Schema:
     return {
-        "duration": _string(
+        "duration": _shaped(
             "A positive Go duration string, such as 30s or 1h30m "
             "(units ns, us, \u00b5s, ms, s, m, h).",
-            pattern=POSITIVE_DURATION_PATTERN,
+            POSITIVE_DURATION_PATTERN,
+            DURATION_MAX,
         ),
-        "qualifiedName": _string(
+        "qualifiedName": _shaped(
             "A Kubernetes qualified name: an optional DNS subdomain prefix and '/', then a "
             "name of letters, digits, '-', '_' and '.', beginning and ending with a letter or "
             "digit.",
-            pattern=QUALIFIED_NAME_PATTERN,
+            QUALIFIED_NAME_PATTERN,
+            QUALIFIED_NAME_MAX,
         ),
         "runtimeRef": _object(
             "A training runtime. A TrainingRuntime is read from namespace.",
@@ -210,24 +249,30 @@ def _kueue() -> Schema:
 
 
 def _credentials() -> Schema:
-    return {
-        "type": "array",
-        "description": "Secret volumes mounted read-only (defaultMode 0400, optional) on the "
-        "trainer container.",
-        "items": _object(
+    return _list(
+        "Secret volumes mounted read-only (defaultMode 0400, optional) on the trainer container.",
+        _object(
             "A Secret mounted by name.",
             {
                 "secretName": _object_name("The Secret's name: a Kubernetes object name."),
                 "mountPath": _string(
                     "A clean absolute path; not /, and not overlapping "
                     f"{PUBLISH_DIR} or another credential's path.",
+                    maxLength=MOUNT_PATH_MAX,
                     pattern=MOUNT_PATH_PATTERN,
-                    **{"not": {"pattern": PUBLISH_DIR_PATTERN}},
+                    **{
+                        "not": {
+                            "anyOf": [
+                                {"const": PUBLISH_DIR},
+                                {"pattern": PUBLISH_DIR_INSIDE_PATTERN},
+                            ]
+                        }
+                    },
                 ),
             },
             required=("secretName", "mountPath"),
         ),
-    }
+    )
 
 
 _TIMEOUTS: Final = (
@@ -259,9 +304,10 @@ def _publish() -> Schema:
     return _object(
         f"How the publish binary reaches the trainer container, at {PUBLISH_DIR}/publish.",
         {
-            "image": _string(
+            "image": _shaped(
                 "The publish image, pinned by digest: name@sha256: and 64 lower-case hex digits.",
-                pattern=IMAGE_DIGEST_PATTERN,
+                IMAGE_DIGEST_PATTERN,
+                IMAGE_MAX,
             ),
             "via": {
                 "type": "string",
@@ -293,12 +339,11 @@ def settings_schema() -> Schema:
             "The namespace this adapter serves: an RFC 1123 label (at most 63 characters)."
         ),
         "cluster": _cluster(),
-        "runtimes": {
-            "type": "array",
-            "description": "An allow-list of runtimes; absent allows any. No duplicates.",
-            "items": runtime_ref,
-            "uniqueItems": True,
-        },
+        "runtimes": _list(
+            "An allow-list of runtimes; absent allows any. No duplicates.",
+            runtime_ref,
+            uniqueItems=True,
+        ),
         "probeRuntime": {
             **runtime_ref,
             "description": "The runtime the preflight probe uses; the first of runtimes when "
@@ -308,7 +353,7 @@ def settings_schema() -> Schema:
         "labels": _metadata(
             "Added to every TrainJob. Keys are qualified names outside the reserved prefixes "
             f"{_RESERVED_TEXT}; values are label values (at most 63 characters).",
-            _string("A label value.", maxLength=LABEL_MAX, pattern=LABEL_VALUE_PATTERN),
+            _shaped("A label value.", LABEL_VALUE_PATTERN, LABEL_MAX),
         ),
         "annotations": _metadata(
             "Added to every TrainJob. Keys are qualified names outside the reserved prefixes "
@@ -324,13 +369,12 @@ def settings_schema() -> Schema:
             "The longest a lost node can go unreported, declared to dispatch.",
             NODE_LOSS_WINDOW_DEFAULT,
         ),
-        "nodeLossTaints": {
-            "type": "array",
-            "description": "Site NoExecute taints that mean a node is lost, besides "
-            "Kubernetes' own unreachable, not-ready and out-of-service. No duplicates.",
-            "items": _qualified_name("A taint key."),
-            "uniqueItems": True,
-        },
+        "nodeLossTaints": _list(
+            "Site NoExecute taints that mean a node is lost, besides Kubernetes' own "
+            "unreachable, not-ready and out-of-service. No duplicates.",
+            _qualified_name("A taint key."),
+            uniqueItems=True,
+        ),
         "allowRankRestart": {
             "type": "boolean",
             "description": "Accept runtimes whose trainer job lets a failed rank rerun under "
@@ -393,6 +437,31 @@ CEL_RULES: Final[Mapping[str, tuple[Schema, ...]]] = {
             "fieldPath": ".initContainer",
         },
     ),
+    "/credentials/*/mountPath": (
+        {"rule": "self.startsWith('/')", "message": "must be an absolute path"},
+        {
+            "rule": f"self != '{PUBLISH_DIR}' && !self.startsWith('{PUBLISH_DIR}/')",
+            "message": f"must not be {PUBLISH_DIR} or inside it: the publish binary is mounted "
+            "there",
+        },
+    ),
+}
+
+# What a value must be, in words, for each pattern: the CRD checks patterns with CEL rules that
+# carry these messages, so kubectl shows them rather than the regular expression.
+PATTERN_MESSAGES: Final[Mapping[str, str]] = {
+    DNS_LABEL_PATTERN: "must be an RFC 1123 label: lower-case letters, digits and '-', "
+    "beginning and ending with a letter or digit",
+    DNS_SUBDOMAIN_PATTERN: "must be an RFC 1123 subdomain: lower-case letters, digits, '-' and "
+    "'.', each dot-separated part beginning and ending with a letter or digit",
+    QUALIFIED_NAME_PATTERN: "must be a qualified name: an optional RFC 1123 subdomain and '/', "
+    "then letters, digits, '-', '_' and '.', beginning and ending with a letter or digit",
+    LABEL_VALUE_PATTERN: "must be a label value: empty, or letters, digits, '-', '_' and '.', "
+    "beginning and ending with a letter or digit",
+    IMAGE_DIGEST_PATTERN: "must be an image reference pinned by digest: name@sha256: and 64 "
+    "lower-case hex digits",
+    POSITIVE_DURATION_PATTERN: "must be a positive Go duration such as 30s or 1h30m "
+    "(units ns, us, ms, s, m, h)",
 }
 
 # Keywords a structural schema cannot carry; their meaning moves to CEL, to list types, or to
@@ -412,8 +481,29 @@ _DROPPED: Final = frozenset(
         "propertyNames",
         "uniqueItems",
         "additionalProperties",
+        "not",
+        "pattern",
     }
 )
+
+
+def cel_string(text: str) -> str:
+    """``text`` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _validations(node: Schema, pointer: str) -> list[Schema]:
+    """The CEL rules of one node: its pattern in words, and the rules kept for its pointer."""
+    rules: list[Schema] = []
+    pattern: str | None = node.get("pattern")
+    if pattern is not None and pattern in PATTERN_MESSAGES:
+        rules.append(
+            {"rule": f"self.matches({cel_string(pattern)})", "message": PATTERN_MESSAGES[pattern]}
+        )
+    elif pattern is not None and pointer not in CEL_RULES:
+        raise ValueError(f"the pattern at {pointer} has no message for the CRD")
+    rules.extend(dict(rule) for rule in CEL_RULES.get(pointer, ()))
+    return rules
 
 
 def _inline_refs(node: Any, defs: Mapping[str, Schema]) -> Any:
@@ -451,8 +541,9 @@ def structural(node: Schema, pointer: str = "", *, optional: bool = False) -> Sc
         out["items"] = structural(node["items"], f"{pointer}/*")
         if node.get("uniqueItems"):
             out.update(_list_type(node["items"]))
-    if pointer in CEL_RULES:
-        out["x-kubernetes-validations"] = [dict(rule) for rule in CEL_RULES[pointer]]
+    validations = _validations(node, pointer)
+    if validations:
+        out["x-kubernetes-validations"] = validations
     if optional:
         out["nullable"] = True
     return out
@@ -608,9 +699,10 @@ def crd_files() -> dict[str, bytes]:
 
 
 def generated_files() -> dict[str, bytes]:
-    """Every generated file, by path relative to the repository root."""
+    """Every generated file, by path relative to the repository root; the chart's CRDs too."""
     files = {SCHEMA_FILE: schema_bytes()}
-    files.update({f"{CRD_DIR}/{name}": data for name, data in crd_files().items()})
+    for directory in (CRD_DIR, CHART_CRD_DIR):
+        files.update({f"{directory}/{name}": data for name, data in crd_files().items()})
     return files
 
 

@@ -344,15 +344,24 @@ class TestKubeflowAdapterCrd:
             if path.rsplit("/", 1)[0].endswith("/properties") or path.endswith("/items"):
                 assert "type" in node, path
 
-    def test_same_patterns_as_the_schema(self) -> None:
+    def test_same_patterns_as_the_schema_as_cel_rules_with_messages(self) -> None:
         properties = self.spec["properties"]
         settings = schema.settings_schema()
-        assert properties["namespace"]["pattern"] == settings["properties"]["namespace"]["pattern"]
-        assert properties["nodeLossWindow"]["pattern"] == settings["$defs"]["duration"]["pattern"]
-        assert (
-            properties["publish"]["properties"]["image"]["pattern"]
-            == settings["properties"]["publish"]["properties"]["image"]["pattern"]
-        )
+        for crd_node, schema_node in (
+            (properties["namespace"], settings["properties"]["namespace"]),
+            (properties["nodeLossWindow"], settings["$defs"]["duration"]),
+            (
+                properties["publish"]["properties"]["image"],
+                settings["properties"]["publish"]["properties"]["image"],
+            ),
+        ):
+            pattern = schema_node["pattern"]
+            (rule,) = crd_node["x-kubernetes-validations"]
+            assert rule == {
+                "rule": f"self.matches({schema.cel_string(pattern)})",
+                "message": schema.PATTERN_MESSAGES[pattern],
+            }
+            assert "pattern" not in crd_node
 
     def test_optional_values_are_nullable_so_nulls_reach_the_parser(self) -> None:
         properties = self.spec["properties"]
@@ -379,7 +388,7 @@ class TestKubeflowAdapterCrd:
         rules = {
             path: [v["rule"] for v in node["x-kubernetes-validations"]]
             for path, node in walk(self.spec)
-            if "x-kubernetes-validations" in node
+            if node.get("type") == "object" and "x-kubernetes-validations" in node
         }
         assert set(rules) == {"", "/properties/cluster", "/properties/publish"}
         assert "has(self.probeRuntime)" in rules[""][0]

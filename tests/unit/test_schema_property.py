@@ -23,7 +23,7 @@ from dispatch_kubeflow.gotime import DurationError, parse_duration_ns
 from dispatch_kubeflow.settings import (
     MOUNT_PATH_PATTERN,
     POSITIVE_DURATION_PATTERN,
-    PUBLISH_DIR_PATTERN,
+    PUBLISH_DIR_INSIDE_PATTERN,
     QUALIFIED_NAME_PATTERN,
     go_path_clean,
     paths_overlap,
@@ -43,7 +43,11 @@ def _mount_path_differences(credentials: Any) -> Iterator[str]:
         return
     paths = [c.get("mountPath") for c in credentials if isinstance(c, dict)]
     schema_paths = [
-        p for p in paths if _matches(MOUNT_PATH_PATTERN, p) and not _matches(PUBLISH_DIR_PATTERN, p)
+        p
+        for p in paths
+        if _matches(MOUNT_PATH_PATTERN, p)
+        and p != PUBLISH_DIR
+        and not _matches(PUBLISH_DIR_INSIDE_PATTERN, p)
     ]
     for path in schema_paths:
         if go_path_clean(path) != path or path == "/" or paths_overlap(path, PUBLISH_DIR):

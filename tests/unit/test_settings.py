@@ -25,6 +25,7 @@ from dispatch_kubeflow.settings import (
     parse_settings,
     parse_settings_object,
 )
+from dispatch_kubeflow.settings.refusals import MESSAGE_MAX, POINTER_SHOWN_MAX
 
 DIGEST = "0123456789abcdef" * 4
 IMAGE = f"registry.example/dispatch-publish@sha256:{DIGEST}"
@@ -56,13 +57,21 @@ def with_value(path: str, value: Any, base: dict[str, Any] | None = None) -> dic
     return document
 
 
+def shown_pointer(pointer: str) -> str:
+    """The pointer as a message shows a printable one: whole, or cut with an ellipsis."""
+    if len(pointer) <= POINTER_SHOWN_MAX:
+        return pointer
+    return pointer[: POINTER_SHOWN_MAX - 1] + "\u2026"
+
+
 def refusal(data: str | bytes) -> InvalidSettings:
     with pytest.raises(InvalidSettings) as info:
         parse_settings(data)
     message = str(info.value)
     assert "\n" not in message
+    assert len(message) <= MESSAGE_MAX
     assert isinstance(info.value, ErrInvalid)
-    assert info.value.pointer in message
+    assert shown_pointer(info.value.pointer) in message
     return info.value
 
 

@@ -6,52 +6,141 @@ the value and the rule, in one line. Nothing is coerced and nothing silently tak
 unknown key, a duplicate key, a null, trailing data or a value of the wrong type is refused.
 What pydantic cannot see (duplicate keys, nulls, lone surrogates, non-JSON constants) is found
 here, and pydantic's errors are turned into the project's wording and pointers.
+
+Hostile input costs time linear in its size: nesting deeper than ``MAX_DEPTH`` is refused before
+anything recurses into it, and a list or map longer than ``ENTRIES_MAX`` before its entries are
+looked at.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from typing import Any, Final, NoReturn
+from decimal import Decimal
+from typing import Any, Final
 
 from pydantic import ValidationError
 
-from dispatch_kubeflow.settings.models import DOCUMENT_CONTEXT, Settings
-from dispatch_kubeflow.settings.refusals import InvalidSettings, json_pointer, json_type, shown
+from dispatch_kubeflow.settings.models import DOCUMENT_CONTEXT, ENTRIES_MAX, Settings
+from dispatch_kubeflow.settings.refusals import (
+    InvalidSettings,
+    json_pointer,
+    json_type,
+    shown,
+    too_many,
+)
+
+# The settings object nests three levels (settings, kueue, admissionLease); this leaves room for
+# a value of the wrong type to be reported where it is, and refuses anything deeper unread.
+MAX_DEPTH: Final = 16
+# The longest integer kept as an int; a longer one (never a settings value) stays a Decimal.
+_INT_DIGITS_MAX: Final = 640
+
+# A JSON string, closed or running to the end of the text (an unrolled loop: linear in re).
+_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
+_AS_PARENTHESES: Final = str.maketrans("[{]}", "(())")
+
+# Python's words for broken JSON, in the project's.
+_JSON_PROBLEMS: Final = (
+    ("Expecting value", "a value was expected"),
+    ("Expecting ',' delimiter", "',' or a closing bracket was expected"),
+    ("Expecting ':' delimiter", "':' was expected after a key"),
+    ("Expecting property name enclosed in double quotes", "a key in double quotes was expected"),
+    ("Unterminated string", "a string is not closed"),
+    ("Invalid control character", "a control character in a string must be escaped"),
+    ("Invalid \\uXXXX escape", "a string holds an invalid \\u escape"),
+    ("Invalid \\escape", "a string holds an invalid escape"),
+    ("Unexpected UTF-8 BOM", "the text begins with a byte-order mark (U+FEFF)"),
+)
 
 
 class _Pairs(list[tuple[str, Any]]):
     """A JSON object as decoded, every key kept, so duplicates can be found with their pointer."""
 
 
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not JSON")
+class _NotJson(ValueError):
+    """NaN or Infinity, which Python's decoder reads and JSON does not have."""
 
 
-def _decode_json(data: str | bytes) -> Any:
+def _refuse_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not JSON")
+
+
+def _integer(digits: str) -> int | Decimal:
+    return int(digits) if len(digits) <= _INT_DIGITS_MAX else Decimal(digits)
+
+
+def nested_too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON ``text`` opens more than ``limit`` arrays or objects inside one another.
+
+    Decoders recurse once per level, so this is asked first. It never recurses: strings are
+    dropped, brackets are read as parentheses, and ``limit`` rounds each drop the innermost
+    pairs; a pair left then, or more than ``limit`` openings never closed, is too deep.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).translate(_AS_PARENTHESES)
+    for _ in range(limit):
+        inner = brackets.replace("()", "")
+        if inner == brackets:
+            break
+        brackets = inner
+    return "()" in brackets or brackets.count("(") > limit
+
+
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    where = f"at line {exc.lineno} column {exc.colno}"
+    if exc.msg == "Extra data":
+        return f"trailing data after the settings object {where}"
+    for python, ours in _JSON_PROBLEMS:
+        if exc.msg.startswith(python):
+            return f"not valid JSON: {ours} {where}"
+    return f"not valid JSON {where}"
+
+
+def decode_json(data: str | bytes) -> Any:
+    """JSON text as decoded values, objects as ``_Pairs``; ``InvalidSettings`` if it is not JSON.
+
+    UTF-8 only, no byte-order mark, no NaN or Infinity, nesting at most ``MAX_DEPTH`` deep.
+    """
     if isinstance(data, bytes | bytearray):
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidSettings("", f"not UTF-8 text (byte {exc.start})") from None
+    if nested_too_deep(data):
+        raise InvalidSettings(
+            "", f"nested more than {MAX_DEPTH} levels deep (the settings object has 3)"
+        )
     try:
-        return json.loads(data, object_pairs_hook=_Pairs, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data":
-            rule = (
-                f"trailing data after the settings object at line {exc.lineno} column {exc.colno}"
+        try:
+            return json.loads(data, object_pairs_hook=_Pairs, parse_constant=_refuse_constant)
+        except (json.JSONDecodeError, _NotJson):
+            raise
+        except ValueError:
+            # An integer too long for int(): read again keeping long ones as Decimal.
+            return json.loads(
+                data,
+                object_pairs_hook=_Pairs,
+                parse_constant=_refuse_constant,
+                parse_int=_integer,
             )
-        else:
-            rule = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        raise InvalidSettings("", rule) from None
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
+        raise InvalidSettings("", _json_problem(exc)) from None
+    except _NotJson as exc:
         raise InvalidSettings("", f"not valid JSON: {exc}") from None
+    except ValueError:
+        raise InvalidSettings("", "not valid JSON: a number cannot be read") from None
 
 
 def plain_document(value: Any) -> Any:
     """Check a decoded document for duplicate keys, nulls and non-string keys; freeze arrays.
 
     Objects become dicts, arrays become tuples. Everything else is left for the models to judge.
+    Nesting past ``MAX_DEPTH``, a list or map of more than ``ENTRIES_MAX`` entries and a string
+    that is not valid Unicode are refused where they are, before anything inside them is read.
     """
     path: list[str | int] = []  # where the walk is; turned into a pointer only on refusal
     try:
@@ -69,14 +158,14 @@ def _plain(value: Any, path: list[str | int]) -> Any:
     if value is None:
         raise _Refusal("null is not allowed: omit the key for its default")
     if isinstance(value, str):
-        if not value.isascii():
-            _check_encodable(value)
+        _check_encodable(value)
         return value
     if isinstance(value, _Pairs):
         return _plain_object(value, path)
     if isinstance(value, dict | Mapping):  # dict first: the ABC check is slow
         return _plain_object(list(value.items()), path)
     if isinstance(value, list | tuple):
+        _check_container(len(value), path)
         items = []
         for index, item in enumerate(value):
             path.append(index)
@@ -86,7 +175,16 @@ def _plain(value: Any, path: list[str | int]) -> Any:
     return value
 
 
+def _check_container(entries: int, path: list[str | int]) -> None:
+    if len(path) >= MAX_DEPTH:
+        raise _Refusal(f"nested more than {MAX_DEPTH} levels deep (the settings object has 3)")
+    if entries > ENTRIES_MAX:
+        raise _Refusal(too_many(entries, ENTRIES_MAX))
+
+
 def _check_encodable(value: str) -> None:
+    if value.isascii():
+        return
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -94,11 +192,13 @@ def _check_encodable(value: str) -> None:
 
 
 def _plain_object(pairs: list[tuple[Any, Any]], path: list[str | int]) -> dict[str, Any]:
+    _check_container(len(pairs), path)
     result: dict[str, Any] = {}
     for key, item in pairs:
         if not isinstance(key, str):
             raise _Refusal(f"key {shown(key)} is not a string")
         path.append(key)
+        _check_encodable(key)
         if key in result:
             raise _Refusal(f"duplicate key {shown(key)}")
         result[key] = _plain(item, path)
@@ -116,6 +216,10 @@ _TYPE_RULES: Final = {
     "tuple_type": "must be an array",
     "list_type": "must be an array",
 }
+# Where the settings object has maps: pydantic reports a map key's own error with "[key]" after
+# the key, so the marker is told from a key named "[key]" by where it stands.
+_MAPS: Final = frozenset({("labels",), ("annotations",)})
+_KEY_MARKER: Final = "[key]"
 
 
 def _error_rule(error: Any) -> str:
@@ -130,13 +234,13 @@ def _error_rule(error: Any) -> str:
         return f"{_TYPE_RULES[kind]}, not {json_type(error['input'])}"
     if kind == "literal_error":
         return f"must be one of {error['ctx']['expected']}, got {shown(error['input'])}"
-    return str(error["msg"])
+    return f"is not a valid value here ({json_type(error['input'])})"
 
 
 def _error_pointer(loc: tuple[str | int, ...]) -> str:
-    # A map key's own error carries a trailing "[key]"; the pointer is that of the key's entry.
-    parts = loc[:-1] if loc and loc[-1] == "[key]" else loc
-    return json_pointer(*parts)
+    if len(loc) >= 3 and loc[-1] == _KEY_MARKER and tuple(loc[:-2]) in _MAPS:
+        loc = loc[:-1]
+    return json_pointer(*loc)
 
 
 def parse_settings_object(document: Any, *, pointer: str = "") -> Settings:
@@ -146,6 +250,8 @@ def parse_settings_object(document: Any, *, pointer: str = "") -> Settings:
     pointer under it.
     """
     try:
+        if document is None:
+            raise InvalidSettings("", "null is not allowed: the settings must be an object")
         plain = plain_document(document)
         if not isinstance(plain, dict):
             raise InvalidSettings("", f"must be an object, not {json_type(document)}")
@@ -155,10 +261,10 @@ def parse_settings_object(document: Any, *, pointer: str = "") -> Settings:
     except InvalidSettings as exc:
         raise exc.under(pointer) from None
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = exc.errors(include_url=False)[0]
         raise InvalidSettings(pointer + _error_pointer(first["loc"]), _error_rule(first)) from None
 
 
 def parse_settings(data: str | bytes) -> Settings:
     """Parse a settings document, JSON text, refusing whatever the settings rules refuse."""
-    return parse_settings_object(_decode_json(data))
+    return parse_settings_object(decode_json(data))

@@ -42,7 +42,7 @@ from dispatch_kubeflow.settings.names import (
     check_object_name,
     check_qualified_name,
     check_queue_name,
-    paths_overlap,
+    first_overlap,
 )
 from dispatch_kubeflow.settings.refusals import (
     InvalidSettings,
@@ -50,17 +50,26 @@ from dispatch_kubeflow.settings.refusals import (
     json_type,
     refuse,
     shown,
+    too_many,
 )
 
-_DURATION_UNIT: Final = "(ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
-_ANY_COMPONENT: Final = rf"([0-9]+(\.[0-9]*)?|\.[0-9]+){_DURATION_UNIT}"
-_NONZERO_COMPONENT: Final = (
-    rf"([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*){_DURATION_UNIT}"
+_DURATION_UNIT: Final = "(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
+_ZERO_COMPONENT: Final = rf"(?:0+(?:\.0*)?|\.0+){_DURATION_UNIT}"
+_FIRST_NONZERO_COMPONENT: Final = (
+    rf"(?:0*[1-9][0-9]*(?:\.[0-9]*)?|0*\.0*[1-9][0-9]*){_DURATION_UNIT}"
 )
+_ANY_COMPONENT: Final = rf"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+){_DURATION_UNIT}"
 # A Go duration with no sign but '+' and at least one non-zero digit: a positive duration.
+# Unambiguous, so a backtracking engine (Python's re, V8) matches in linear time: components of
+# zeros only, then the first with a non-zero digit, then any. Units end where digits begin.
 POSITIVE_DURATION_PATTERN: Final = (
-    rf"^\+?({_ANY_COMPONENT})*{_NONZERO_COMPONENT}({_ANY_COMPONENT})*$"
+    rf"^\+?(?:{_ZERO_COMPONENT})*{_FIRST_NONZERO_COMPONENT}(?:{_ANY_COMPONENT})*$"
 )
+# Longer than any duration Go can hold written plainly (2562047h47m16.854775807s is 24).
+DURATION_MAX: Final = 64
+# The most entries of any list or map of the settings (runtimes, credentials, nodeLossTaints,
+# labels, annotations): far more than a real adapter needs, and a bound on every parse.
+ENTRIES_MAX: Final = 64
 
 
 def _duration(value: object) -> Duration:
@@ -68,6 +77,8 @@ def _duration(value: object) -> Duration:
     if isinstance(value, timedelta):
         duration = Duration.from_timedelta(value)
     elif isinstance(value, str):
+        if len(value) > DURATION_MAX:
+            refuse(f"must be a Go duration of at most {DURATION_MAX} characters, got {len(value)}")
         try:
             duration = parse_duration(value)
         except DurationError as exc:
@@ -104,6 +115,14 @@ class FrozenMap(Mapping[str, str]):
         return f"FrozenMap({self._items!r})"
 
 
+def _at_most_entries(value: Any) -> Any:
+    """Refuse a list or map over ``ENTRIES_MAX`` before any of its entries is judged."""
+    if isinstance(value, list | tuple | Mapping) and len(value) > ENTRIES_MAX:
+        refuse(too_many(len(value), ENTRIES_MAX))
+    return value
+
+
+Bounded = BeforeValidator(_at_most_entries)
 DnsLabel = Annotated[str, AfterValidator(check_dns_label)]
 ContainerName = Annotated[str, AfterValidator(check_container_name)]
 ObjectName = Annotated[str, AfterValidator(check_object_name)]
@@ -121,11 +140,13 @@ GoDuration = Annotated[
 ]
 Labels = Annotated[
     Mapping[MetadataKey, LabelValue],
+    Bounded,
     AfterValidator(FrozenMap),
     PlainSerializer(dict, return_type=dict[str, str]),
 ]
 Annotations = Annotated[
     Mapping[MetadataKey, str],
+    Bounded,
     AfterValidator(FrozenMap),
     PlainSerializer(dict, return_type=dict[str, str]),
 ]
@@ -234,16 +255,16 @@ CALL_BOUND_MARGIN: Final = timedelta(seconds=5)
 class Settings(_Frozen):
     namespace: DnsLabel
     cluster: Cluster = Cluster()
-    runtimes: tuple[RuntimeRef, ...] = ()
+    runtimes: Annotated[tuple[RuntimeRef, ...], Bounded] = ()
     # The first of ``runtimes`` when not given.
     probe_runtime: Annotated[RuntimeRef, BeforeValidator(_require_probe_runtime)]
     kueue: Kueue | None = None
     labels: Labels = FrozenMap()
     annotations: Annotations = FrozenMap()
     gpu_resource: QualifiedName = GPU_RESOURCE_DEFAULT
-    credentials: tuple[Credential, ...] = ()
+    credentials: Annotated[tuple[Credential, ...], Bounded] = ()
     node_loss_window: GoDuration = parse_duration(NODE_LOSS_WINDOW_DEFAULT)
-    node_loss_taints: tuple[QualifiedName, ...] = ()
+    node_loss_taints: Annotated[tuple[QualifiedName, ...], Bounded] = ()
     allow_rank_restart: bool = False
     timeouts: Timeouts = Timeouts()
     publish: Publish | None = None
@@ -318,15 +339,15 @@ def _check_unique(key: str, items: tuple[Any, ...]) -> None:
 
 
 def _check_credentials(credentials: tuple[Credential, ...]) -> None:
-    for later, credential in enumerate(credentials):
-        for earlier in range(later):
-            other = credentials[earlier].mount_path
-            if paths_overlap(credential.mount_path, other):
-                raise InvalidSettings(
-                    json_pointer("credentials", later, "mountPath"),
-                    f"{shown(credential.mount_path)} overlaps "
-                    f"{json_pointer('credentials', earlier, 'mountPath')} ({shown(other)})",
-                )
+    overlap = first_overlap([c.mount_path for c in credentials])
+    if overlap is not None:
+        later, earlier = overlap
+        path, other = credentials[later].mount_path, credentials[earlier].mount_path
+        raise InvalidSettings(
+            json_pointer("credentials", later, "mountPath"),
+            f"{shown(path)} overlaps "
+            f"{json_pointer('credentials', earlier, 'mountPath')} ({shown(other)})",
+        )
 
 
 def _check_publish(publish: Publish) -> None:

@@ -1,13 +1,17 @@
 """The project's rules for names, paths and image references: one place, one spelling.
 
-Each shape is a pattern shared with the JSON Schema and the CRD (``schema.py`` imports them) and a
-``check_*`` function the settings models use. The patterns use only what both ECMA-262 (JSON
-Schema) and RE2 (the apiserver) understand.
+Each shape is a pattern shared with the JSON Schema and the CRD (``schema.py`` imports them) and
+a ``check_*`` function the settings models use. The patterns use only what both ECMA-262 (JSON
+Schema) and RE2 (the apiserver) understand. A closing ``$`` is the end of the text in both;
+Python's ``re`` also lets it match before a final newline, so the parser compiles each to end in
+``\\Z`` and the JSON Schema adds a guard against newlines (see ``schema.py``). Each check
+measures a value's length before it runs a pattern on it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Final
 
 from dispatch_kubeflow.constants import PUBLISH_DIR, RESERVED_PREFIXES
@@ -36,10 +40,17 @@ IMAGE_DIGEST_PATTERN: Final = (
     rf"{_PATH_COMPONENT}(/{_PATH_COMPONENT})*@sha256:[0-9a-f]{{64}}$"
 )
 MOUNT_PATH_PATTERN: Final = "^/"
-PUBLISH_DIR_PATTERN: Final = "^" + _literal(PUBLISH_DIR) + "(/|$)"
+# Inside the publish directory; the directory itself is matched as a constant, with no '$'.
+PUBLISH_DIR_INSIDE_PATTERN: Final = "^" + _literal(PUBLISH_DIR) + "/"
 
 LABEL_MAX: Final = 63
 SUBDOMAIN_MAX: Final = 253
+QUALIFIED_NAME_MAX: Final = SUBDOMAIN_MAX + 1 + LABEL_MAX
+# A reference name is at most 255 characters (the distribution reference's limit).
+IMAGE_NAME_MAX: Final = 255
+IMAGE_MAX: Final = IMAGE_NAME_MAX + len("@sha256:") + 64
+# Linux's PATH_MAX: no longer path can be mounted.
+MOUNT_PATH_MAX: Final = 4096
 
 _DNS_LABEL = re.compile(DNS_LABEL_PATTERN.rstrip("$") + r"\Z")
 _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN.rstrip("$") + r"\Z")
@@ -113,7 +124,7 @@ def _is_qualified_name(value: str) -> bool:
 
 
 def check_qualified_name(value: str) -> str:
-    if not _is_qualified_name(value):
+    if len(value) > QUALIFIED_NAME_MAX or not _is_qualified_name(value):
         problem = qualified_name_problem(value)
         refuse(f"must be a qualified name ([prefix/]name): {problem}, got {shown(value)}")
     return value
@@ -176,6 +187,8 @@ def paths_overlap(a: str, b: str) -> bool:
 
 
 def check_mount_path(value: str) -> str:
+    if len(value) > MOUNT_PATH_MAX:
+        refuse(f"must be at most {MOUNT_PATH_MAX} characters, got {len(value)}")
     if not value.startswith("/"):
         refuse(f"must be an absolute path, got {shown(value)}")
     clean = go_path_clean(value)
@@ -188,7 +201,39 @@ def check_mount_path(value: str) -> str:
     return value
 
 
+def first_overlap(paths: Sequence[str]) -> tuple[int, int] | None:
+    """The first ``(later, earlier)`` indices of two overlapping clean absolute paths, or None.
+
+    ``later`` is the smallest index whose path is, is inside, or contains an earlier one, and
+    ``earlier`` the smallest such earlier index: what comparing every pair in order would find,
+    found in one pass over the paths' components through a tree of the directories seen.
+    """
+    nodes: dict[tuple[int, str], int] = {}
+    mounted: dict[int, int] = {}  # directory node -> first index mounted exactly there
+    below: dict[int, int] = {}  # directory node -> first index mounted strictly inside it
+    for later, path in enumerate(paths):
+        chain = []
+        node = 0
+        for part in path.split("/")[1:]:
+            node = nodes.setdefault((node, part), len(nodes) + 1)
+            chain.append(node)
+        earlier = [mounted[n] for n in chain if n in mounted]
+        if node in below:
+            earlier.append(below[node])
+        if earlier:
+            return later, min(earlier)
+        mounted[node] = later
+        for parent in chain[:-1]:
+            below.setdefault(parent, later)
+    return None
+
+
 def check_image(value: str) -> str:
+    if len(value) > IMAGE_MAX:
+        refuse(
+            f"must be an image reference of at most {IMAGE_MAX} characters (a name of at most "
+            f"{IMAGE_NAME_MAX}, @sha256: and 64 hex digits), got {len(value)}"
+        )
     if not _IMAGE.match(value):
         refuse(
             "must be an image reference pinned by digest (name@sha256: and 64 lower-case hex "
