@@ -1,4 +1,8 @@
-"""How the stack rewrites upstream manifests for loopback (no cluster; reads the module cache)."""
+"""How the stack rewrites upstream manifests for loopback (no control plane needed).
+
+Most read upstream manifests from the Go module cache (`go mod download`), so they carry the
+`cluster` marker.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ def test_json_patch_refuses_other_operations() -> None:
         webhooks.apply_json_patch({"a": 1}, [{"op": "remove", "path": "/a"}])
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("component", sorted(webhooks.SOURCES))
 def test_every_webhook_points_at_loopback_with_the_stack_ca(component: str) -> None:
     version = build.component(component).version()
@@ -51,6 +56,7 @@ def test_every_webhook_points_at_loopback_with_the_stack_ca(component: str) -> N
     }
 
 
+@pytest.mark.cluster
 def test_kueue_installs_only_its_own_and_trainjob_webhooks() -> None:
     documents = webhooks.loopback_configurations("kueue", build.component("kueue").version(), 1, CA)
     groups = {
@@ -73,6 +79,7 @@ def test_kueue_installs_only_its_own_and_trainjob_webhooks() -> None:
         assert expression["values"] == ["kube-system", "kueue-system"]
 
 
+@pytest.mark.cluster
 def test_jobset_pod_webhooks_keep_upstream_object_selector() -> None:
     version = build.component("jobset-controller").version()
     documents = webhooks.loopback_configurations("jobset-controller", version, 1, CA)
@@ -91,6 +98,7 @@ def test_jobset_pod_webhooks_keep_upstream_object_selector() -> None:
         )
 
 
+@pytest.mark.cluster
 def test_kwok_stages_end_pods_from_their_environment() -> None:
     stack = FullStack.__new__(FullStack)
     stages = {stage["metadata"]["name"]: stage for stage in stack._kwok_stages()}

@@ -22,6 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dispatch_kubeflow import constants
 from tests.cluster import binaries
 from tests.cluster.controlplane import ControlPlane
+from tests.conftest import running_control_plane
 
 EVENT_TIMEOUT = 20.0
 MERGE_PATCH = "application/merge-patch+json"
@@ -438,14 +439,15 @@ async def test_watch_from_compacted_resource_version_gets_410(
 
 
 @pytest.fixture
-def private_plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    """A control plane of this test's own: controllers started here must not reach other tests."""
-    plane = ControlPlane(tmp_path / "plane", binaries.build())
-    plane.start(install_crds=False)
-    try:
-        yield plane
-    finally:
-        plane.stop()
+def private_plane(
+    control_plane_binaries: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """A control plane of this test's own: controllers started here must not reach other tests.
+
+    Started like the session's (owned by this process, stopped at exit and by a later session
+    should this one be killed), and built first, which makes its tests `cluster` tests.
+    """
+    yield from running_control_plane(tmp_path_factory, "control-plane-private", install_crds=False)
 
 
 async def test_controller_manager_collects_garbage(private_plane: ControlPlane) -> None:
