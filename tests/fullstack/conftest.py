@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fullstack import build
-from tests.cluster.fullstack.stack import FullStack
+from tests.cluster.fullstack.stack import KUEUE_CONFIGURATIONS, FullStack
 from tests.conftest import running_control_plane
 
 _build_error: build.BuildError | None = None
@@ -69,8 +69,20 @@ def fullstack(cluster: ControlPlane) -> Iterator[FullStack]:
         atexit.unregister(stack.stop)
 
 
+@pytest.fixture(scope="package", params=sorted(KUEUE_CONFIGURATIONS))
+def kueue_configuration(request: pytest.FixtureRequest, fullstack: FullStack) -> str:
+    """Run a Kueue test once per Kueue configuration (``KUEUE_CONFIGURATIONS``).
+
+    Package scope makes pytest group the tests by configuration, so Kueue restarts once per
+    configuration rather than per test.
+    """
+    name: str = request.param
+    fullstack.configure_kueue(KUEUE_CONFIGURATIONS[name])
+    return name
+
+
 @pytest.fixture
-def queues(fullstack: FullStack, namespace: str) -> Iterator[str]:
+def queues(fullstack: FullStack, namespace: str, kueue_configuration: str) -> Iterator[str]:
     """A ClusterQueue with 8 GPUs of quota for this test's namespace and a LocalQueue `lq`."""
     name = fullstack.create_queues(namespace, gpus=8)
     try:

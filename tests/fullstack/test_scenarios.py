@@ -139,7 +139,7 @@ async def test_job_over_quota_is_pending_for_lack_of_capacity(
 
 
 async def test_preempted_job_waits_at_the_gate_and_is_readmitted(
-    fullstack: FullStack, cluster: ControlPlane, namespace: str
+    fullstack: FullStack, cluster: ControlPlane, namespace: str, kueue_configuration: str
 ) -> None:
     fullstack.create_queues(namespace, gpus=8, admission_check=True)
     low_settings = _kueue(cluster, namespace, "low", gated=True)

@@ -23,6 +23,8 @@ from tests.fullstack.kube import (
 )
 
 JOB_TIMEOUT = 90.0
+# What Kueue calls a Workload waiting for quota, by Kueue configuration (KUEUE_CONFIGURATIONS).
+WAITING_FOR_QUOTA = {"observability-off": "Pending", "observability-on": "WaitingForQuota"}
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
@@ -75,7 +77,11 @@ async def test_failed_rank_fails_the_trainjob_with_its_exit_code(
 
 
 async def test_kueue_admits_within_quota_and_holds_the_rest(
-    fullstack: FullStack, namespace: str, queues: str, kube_api: client.ApiClient
+    fullstack: FullStack,
+    namespace: str,
+    queues: str,
+    kueue_configuration: str,
+    kube_api: client.ApiClient,
 ) -> None:
     kube = Kube(kube_api, namespace)
     queued = {"kueue.x-k8s.io/queue-name": queues}
@@ -103,7 +109,10 @@ async def test_kueue_admits_within_quota_and_holds_the_rest(
     )
 
     assert is_true(await kube.workload_of(first["metadata"]["uid"]), "Admitted")
-    assert condition(pending, "QuotaReserved")["reason"] in {"Pending", "Inadmissible"}  # type: ignore[index]
+    reserved = condition(pending, "QuotaReserved")
+    assert reserved is not None
+    assert reserved["reason"] == WAITING_FOR_QUOTA[kueue_configuration]
+    assert "insufficient unused quota" in reserved["message"]
     assert (await kube.get(TRAINER, "second"))["spec"]["suspend"] is True
 
 

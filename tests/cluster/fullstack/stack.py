@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,6 +72,19 @@ KWOK_UPSTREAM_STAGES = (
     "pod/general/pod-delete.yaml",
 )
 KWOK_STAGE_DELAY_MS = 100
+SIM_NOT_REFUSED = {
+    "key": '.spec.containers.[] | (.env // []).[] | select(.name == "SIM_OUTCOME") | .value',
+    "operator": "NotIn",
+    "values": ["refuse"],
+}
+# The Kueue configurations every Kueue scenario runs under: the feature gates set besides the
+# stack's own. UnadmittedWorkloadsObservability (beta, off in v0.19, on by default on Kueue's main
+# branch) replaces QuotaReserved=False reason Pending with granular reasons (WaitingForQuota,
+# Misconfigured, Suspended...), and Inadmissible with Misconfigured or Suspended.
+KUEUE_CONFIGURATIONS: dict[str, dict[str, bool]] = {
+    "observability-off": {"UnadmittedWorkloadsObservability": False},
+    "observability-on": {"UnadmittedWorkloadsObservability": True},
+}
 # Kueue v0.19 reads its metrics certificate from this fixed path whenever its internal
 # certificate management is off (cmd/kueue/main.go); nothing here scrapes metrics, but the
 # files must exist or Kueue exits.
@@ -136,6 +150,8 @@ class FullStack(Supervised):
         self.dir = plane.run_dir / "fullstack"
         self.ports: dict[str, Ports] = {}
         self.nodes: list[str] = [f"sim-gpu-{index}" for index in range(NODE_COUNT)]
+        # Kueue feature gates beyond the stack's own (see KUEUE_CONFIGURATIONS).
+        self.kueue_gates: dict[str, bool] = dict(KUEUE_CONFIGURATIONS["observability-off"])
         self.processes = Processes(StackError, self.dir, plane.log_file, self.save_state, PATIENCE)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -201,6 +217,14 @@ class FullStack(Supervised):
         else:
             self._start_controller(name)
 
+    def configure_kueue(self, gates: Mapping[str, bool]) -> None:
+        """Run Kueue with these feature gates, restarting it if they differ from the current."""
+        if dict(gates) == self.kueue_gates:
+            return
+        self.kueue_gates = dict(gates)
+        if self.processes.running("kueue"):
+            self.restart("kueue")
+
     # -- nodes ----------------------------------------------------------------------------
 
     def stop_heartbeats(self, node: str) -> None:
@@ -212,6 +236,14 @@ class FullStack(Supervised):
 
     def _label_node(self, node: str, value: str) -> None:
         self.plane.kubectl("label", "--overwrite", f"node/{node}", f"{HEARTBEAT_LABEL}={value}")
+
+    def delete_node(self, node: str) -> None:
+        """Delete the Node object, as a cloud provider does with a machine that is gone."""
+        self.plane.kubectl("delete", "--wait=true", f"node/{node}")
+
+    def restore_node(self, node: str) -> None:
+        """Create a deleted simulated node again and wait until it is Ready."""
+        self._create_nodes([node])
 
     # -- per-test Kueue objects -----------------------------------------------------------
 
@@ -257,6 +289,11 @@ class FullStack(Supervised):
         }
         self._apply([cluster_queue, local], f"queues-{namespace}")
         return namespace
+
+    def stop_cluster_queue(self, name: str, policy: str = "HoldAndDrain") -> None:
+        """Stop a ClusterQueue as an administrator does (``spec.stopPolicy``)."""
+        patch = json.dumps({"spec": {"stopPolicy": policy}})
+        self.plane.kubectl("patch", f"clusterqueue/{name}", "--type=merge", "-p", patch)
 
     def delete_queues(self, namespace: str) -> None:
         self.plane.kubectl(
@@ -395,7 +432,7 @@ class FullStack(Supervised):
                 "manageJobsWithoutQueueName": False,
                 "integrations": {"frameworks": ["trainer.kubeflow.org/trainjob"]},
                 # The on-demand visibility API is an aggregated apiserver nothing here uses.
-                "featureGates": {"VisibilityOnDemand": False},
+                "featureGates": {"VisibilityOnDemand": False, **self.kueue_gates},
             }
         raise KeyError(name)
 
@@ -465,6 +502,9 @@ class FullStack(Supervised):
                 delay["durationMilliseconds"] = KWOK_STAGE_DELAY_MS
                 delay.pop("jitterDurationMilliseconds", None)
                 delay.pop("jitterDurationFrom", None)
+            if stage["metadata"]["name"] == "pod-create":
+                # A pod the kubelet refuses (kwok-stages.yaml) never starts.
+                stage["spec"]["selector"]["matchExpressions"].append(SIM_NOT_REFUSED)
             stages.append(stage)
         stages += [d for d in yaml.safe_load_all((HERE / "kwok-stages.yaml").read_text()) if d]
         return stages
@@ -490,7 +530,7 @@ class FullStack(Supervised):
             "kwok", lambda: _http_status(f"http://127.0.0.1:{ports.health}/healthz") == 200
         )
 
-    def _create_nodes(self) -> None:
+    def _create_nodes(self, names: list[str] | None = None) -> None:
         nodes = [
             {
                 "apiVersion": "v1",
@@ -506,14 +546,14 @@ class FullStack(Supervised):
                 },
                 "status": {"capacity": NODE_CAPACITY, "allocatable": NODE_CAPACITY},
             }
-            for name in self.nodes
+            for name in names or self.nodes
         ]
         self._apply(nodes, "nodes")
         self.plane.kubectl(
             "wait",
             "--for=condition=Ready",
             "--timeout=60s",
-            *[f"node/{name}" for name in self.nodes],
+            *[f"node/{name}" for name in names or self.nodes],
         )
 
     def _create_shared_objects(self) -> None:
