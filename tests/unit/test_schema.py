@@ -15,12 +15,21 @@ import yaml
 
 from dispatch_kubeflow import schema
 from dispatch_kubeflow.settings import InvalidSettings, parse_settings
+from dispatch_kubeflow.settings.models import DURATION_MAX, ENTRIES_MAX
+from dispatch_kubeflow.settings.names import (
+    MOUNT_PATH_PATTERN,
+    PUBLISH_DIR_INSIDE_PATTERN,
+    RESERVED_PREFIX_PATTERN,
+)
+from tests.unit.growth import assert_grows_linearly
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "ab" * 32
 IMAGE = f"registry.example/publish@sha256:{DIGEST}"
 RUNTIME = {"kind": "ClusterTrainingRuntime", "name": "torch"}
 MINIMAL: dict[str, Any] = {"namespace": "team-a", "runtimes": [RUNTIME]}
+# The seed's example, kept as examples/settings.json.
+EXAMPLE: dict[str, Any] = json.loads((ROOT / "examples/settings.json").read_text())
 
 
 def ecma_pattern(
@@ -449,3 +458,117 @@ def test_render_crd_serves_other_kinds() -> None:
     assert crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"] == {
         "type": "object"
     }
+
+
+def schema_patterns(node: Any) -> set[str]:
+    return {n["pattern"] for _, n in walk(node) if isinstance(n.get("pattern"), str)}
+
+
+class TestHostileValues:
+    """Every common validator agrees with the parser, and none takes long on any value."""
+
+    stock = jsonschema.Draft202012Validator(json.loads((ROOT / "schema.json").read_bytes()))
+
+    @pytest.mark.parametrize(
+        ("key", "value"),
+        [
+            ("namespace", "team-a\n"),
+            ("nodeLossWindow", "5m\n"),
+            ("gpuResource", "nvidia.com/gpu\n"),
+            ("labels", {"team": "a\n"}),
+            ("labels", {"team\n": "a"}),
+            ("nodeLossTaints", ["example.com/x\n"]),
+            ("probeRuntime", {"kind": "TrainingRuntime", "name": "x\n"}),
+            ("publish", {"image": IMAGE + "\n"}),
+            ("kueue", {"localQueue": "lq\n"}),
+            ("credentials", [{"secretName": "s", "mountPath": "/opt/dispatch\n"}]),
+            ("credentials", [{"secretName": "s", "mountPath": "/a\nb"}]),
+        ],
+    )
+    def test_a_trailing_newline_is_judged_alike_by_python_ecma_and_the_parser(
+        self, key: str, value: Any
+    ) -> None:
+        document = with_value(key, value)
+        parser = parser_accepts(document)
+        assert (bool(self.stock.is_valid(document)), schema_accepts(document)) == (parser, parser)
+
+    @pytest.mark.parametrize(
+        "unit", ["1", "0", "1s", "0s", "1.", "1m", "a", "a-", "a.", "a-a.", "A", "a_", "a/", "/a"]
+    )
+    def test_every_pattern_matches_in_linear_time(self, unit: str) -> None:
+        patterns = [re.compile(p) for p in sorted(schema_patterns(schema.settings_schema()))]
+
+        def match_all(text: str) -> None:
+            for pattern in patterns:
+                pattern.search(text)
+
+        assert_grows_linearly(lambda n: unit * n + "!", match_all, 4_000)
+
+    def test_lists_maps_and_durations_are_bounded(self) -> None:
+        properties = schema.settings_schema()["properties"]
+        for key in ("runtimes", "credentials", "nodeLossTaints"):
+            assert properties[key]["maxItems"] == ENTRIES_MAX, key
+        for key in ("labels", "annotations"):
+            assert properties[key]["maxProperties"] == ENTRIES_MAX, key
+        defs = schema.settings_schema()["$defs"]
+        assert defs["duration"]["maxLength"] == DURATION_MAX
+        assert defs["qualifiedName"]["maxLength"] == 317
+        assert properties["publish"]["properties"]["image"]["maxLength"] == 327
+
+    def test_the_bounds_accept_the_seeds_example(self) -> None:
+        assert bool(self.stock.is_valid(EXAMPLE))
+        assert parser_accepts(EXAMPLE)
+
+
+class TestCrdMessages:
+    spec = TestKubeflowAdapterCrd.spec
+
+    def test_no_pattern_is_left_for_kubectl_to_show(self) -> None:
+        assert schema_patterns(self.spec) == set()
+
+    def test_every_rule_has_a_message_in_words(self) -> None:
+        rules = [
+            rule for _, node in walk(self.spec) for rule in node.get("x-kubernetes-validations", ())
+        ]
+        assert len(rules) >= 15
+        for rule in rules:
+            assert rule["message"].startswith(
+                ("must", "probeRuntime", "inCluster", "initContainer")
+            )
+            assert not set("^$[]*+?\\") & set(rule["message"]), rule
+
+    def test_every_schema_pattern_has_a_rule(self) -> None:
+        crd_rules = {
+            rule["rule"]
+            for _, node in walk(self.spec)
+            for rule in node.get("x-kubernetes-validations", ())
+        }
+        # The newline guard needs no rule (RE2's '$' is the end of the text), mount paths have
+        # rules of their own, and label keys are the operator's to check.
+        for pattern in schema_patterns(schema.settings_schema()) - {
+            schema.NEWLINE_PATTERN,
+            MOUNT_PATH_PATTERN,
+            PUBLISH_DIR_INSIDE_PATTERN,
+            RESERVED_PREFIX_PATTERN,
+        }:
+            assert f"self.matches({schema.cel_string(pattern)})" in crd_rules, pattern
+
+    def test_durations_say_what_they_must_be(self) -> None:
+        (rule,) = self.spec["properties"]["timeouts"]["properties"]["request"][
+            "x-kubernetes-validations"
+        ]
+        assert rule["message"].startswith("must be a positive Go duration such as 30s or 1h30m")
+
+    def test_lists_and_maps_are_bounded(self) -> None:
+        properties = self.spec["properties"]
+        for key in ("runtimes", "credentials", "nodeLossTaints"):
+            assert properties[key]["maxItems"] == ENTRIES_MAX, key
+        for key in ("labels", "annotations"):
+            assert properties[key]["maxProperties"] == ENTRIES_MAX, key
+        assert properties["nodeLossWindow"]["maxLength"] == DURATION_MAX
+
+    def test_the_chart_holds_the_same_crd(self) -> None:
+        name = "kubeflowadapters.dispatch.phpboyscout.uk.yaml"
+        assert (ROOT / "charts/dispatch-kubeflow/crds" / name).read_bytes() == (
+            ROOT / "crds" / name
+        ).read_bytes()

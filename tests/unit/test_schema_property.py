@@ -114,7 +114,10 @@ runtime_ref = st.fixed_dictionaries(
 image = st.builds(
     lambda registry, path, digest: f"{registry}{path}@sha256:{digest}",
     st.sampled_from(["", "registry.example/", "localhost:5000/"]),
-    st.from_regex(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+)?", fullmatch=True),
+    # A reference name is at most 255 characters, registry included.
+    st.from_regex(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+)?", fullmatch=True).filter(
+        lambda path: len(path) <= 200
+    ),
     st.text("0123456789abcdef", min_size=64, max_size=64),
 )
 path_segment = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,6}", fullmatch=True).filter(

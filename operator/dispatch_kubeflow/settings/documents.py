@@ -7,9 +7,9 @@ unknown key, a duplicate key, a null, trailing data or a value of the wrong type
 What pydantic cannot see (duplicate keys, nulls, lone surrogates, non-JSON constants) is found
 here, and pydantic's errors are turned into the project's wording and pointers.
 
-Hostile input costs time linear in its size: nesting deeper than ``MAX_DEPTH`` is refused before
-anything recurses into it, and a list or map longer than ``ENTRIES_MAX`` before its entries are
-looked at.
+Hostile input costs time linear in its size: more arrays and objects than a settings document
+can hold, and nesting deeper than ``MAX_DEPTH``, are refused before the text is decoded, and a
+list or map longer than ``ENTRIES_MAX`` before its entries are looked at.
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ from dispatch_kubeflow.settings.refusals import (
 # The settings object nests three levels (settings, kueue, admissionLease); this leaves room for
 # a value of the wrong type to be reported where it is, and refuses anything deeper unread.
 MAX_DEPTH: Final = 16
+# The most arrays and objects a settings document holds: itself, cluster, probeRuntime, kueue,
+# its admissionLease, labels, annotations, timeouts, publish, the three lists, and every runtime
+# and credential.
+MAX_CONTAINERS: Final = 12 + 2 * ENTRIES_MAX
 # The longest integer kept as an int; a longer one (never a settings value) stays a Decimal.
 _INT_DIGITS_MAX: Final = 640
 
 # A JSON string, closed or running to the end of the text (an unrolled loop: linear in re).
 _JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
-_AS_PARENTHESES: Final = str.maketrans("[{]}", "(())")
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 
 # Python's words for broken JSON, in the project's.
 _JSON_PROBLEMS: Final = (
@@ -72,22 +75,43 @@ def _integer(digits: str) -> int | Decimal:
     return int(digits) if len(digits) <= _INT_DIGITS_MAX else Decimal(digits)
 
 
-def nested_too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
-    """Whether JSON ``text`` opens more than ``limit`` arrays or objects inside one another.
+def _skeleton(text: str) -> bytes:
+    """The brackets of JSON ``text`` outside its strings, in order."""
+    outside = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    return outside.translate(None, _NOT_BRACKETS)
 
-    Decoders recurse once per level, so this is asked first. It never recurses: strings are
-    dropped, brackets are read as parentheses, and ``limit`` rounds each drop the innermost
-    pairs; a pair left then, or more than ``limit`` openings never closed, is too deep.
+
+def nested_too_deep(skeleton: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether the brackets of a skeleton nest more than ``limit`` deep; counted, not recursed."""
+    depth = 0
+    for bracket in skeleton:
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def _check_shape(text: str, max_depth: int, max_containers: int) -> None:
+    """Refuse more than ``max_containers`` arrays and objects, or nesting past ``max_depth``.
+
+    Asked before decoding: decoders recurse once per level and build every container. The text
+    is scanned in C (its strings dropped, its brackets kept); only a skeleton of at most
+    ``2 * max_containers`` brackets is walked in Python.
     """
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).translate(_AS_PARENTHESES)
-    for _ in range(limit):
-        inner = brackets.replace("()", "")
-        if inner == brackets:
-            break
-        brackets = inner
-    return "()" in brackets or brackets.count("(") > limit
+    if text.count("[") + text.count("{") <= min(max_depth, max_containers):
+        return
+    skeleton = _skeleton(text)
+    # Depth is judged on what a document within the bound would hold, so that also a text with
+    # too many containers is told it nests too deep when it does so early.
+    if nested_too_deep(skeleton[: 2 * max_containers], max_depth):
+        raise InvalidSettings("", f"nested more than {max_depth} levels deep")
+    containers = skeleton.count(b"[") + skeleton.count(b"{")
+    if containers > max_containers:
+        raise InvalidSettings(
+            "",
+            f"holds {containers} arrays and objects, more than a settings document can "
+            f"({max_containers})",
+        )
 
 
 def _json_problem(exc: json.JSONDecodeError) -> str:
@@ -100,20 +124,20 @@ def _json_problem(exc: json.JSONDecodeError) -> str:
     return f"not valid JSON {where}"
 
 
-def decode_json(data: str | bytes) -> Any:
+def decode_json(
+    data: str | bytes, *, max_depth: int = MAX_DEPTH, max_containers: int = MAX_CONTAINERS
+) -> Any:
     """JSON text as decoded values, objects as ``_Pairs``; ``InvalidSettings`` if it is not JSON.
 
-    UTF-8 only, no byte-order mark, no NaN or Infinity, nesting at most ``MAX_DEPTH`` deep.
+    UTF-8 only, no byte-order mark, no NaN or Infinity, nesting at most ``max_depth`` deep and
+    at most ``max_containers`` arrays and objects (a manifest around the settings holds more).
     """
     if isinstance(data, bytes | bytearray):
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidSettings("", f"not UTF-8 text (byte {exc.start})") from None
-    if nested_too_deep(data):
-        raise InvalidSettings(
-            "", f"nested more than {MAX_DEPTH} levels deep (the settings object has 3)"
-        )
+    _check_shape(data, max_depth, max_containers)
     try:
         try:
             return json.loads(data, object_pairs_hook=_Pairs, parse_constant=_refuse_constant)
@@ -133,6 +157,13 @@ def decode_json(data: str | bytes) -> Any:
         raise InvalidSettings("", f"not valid JSON: {exc}") from None
     except ValueError:
         raise InvalidSettings("", "not valid JSON: a number cannot be read") from None
+
+
+def object_keys(document: Any) -> frozenset[str]:
+    """The keys of a JSON object as ``decode_json`` returns it; none for any other value."""
+    if isinstance(document, _Pairs):
+        return frozenset(key for key, _ in document)
+    return frozenset()
 
 
 def plain_document(value: Any) -> Any:
@@ -177,7 +208,7 @@ def _plain(value: Any, path: list[str | int]) -> Any:
 
 def _check_container(entries: int, path: list[str | int]) -> None:
     if len(path) >= MAX_DEPTH:
-        raise _Refusal(f"nested more than {MAX_DEPTH} levels deep (the settings object has 3)")
+        raise _Refusal(f"nested more than {MAX_DEPTH} levels deep")
     if entries > ENTRIES_MAX:
         raise _Refusal(too_many(entries, ENTRIES_MAX))
 

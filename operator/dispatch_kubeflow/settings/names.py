@@ -2,10 +2,11 @@
 
 Each shape is a pattern shared with the JSON Schema and the CRD (``schema.py`` imports them) and
 a ``check_*`` function the settings models use. The patterns use only what both ECMA-262 (JSON
-Schema) and RE2 (the apiserver) understand. A closing ``$`` is the end of the text in both;
-Python's ``re`` also lets it match before a final newline, so the parser compiles each to end in
-``\\Z`` and the JSON Schema adds a guard against newlines (see ``schema.py``). Each check
-measures a value's length before it runs a pattern on it.
+Schema) and RE2 (the apiserver) understand, and groups that capture nothing, which backtracking
+engines match at less cost. A closing ``$`` is the end of the text in both; Python's ``re`` also
+lets it match before a final newline, so the parser compiles each to end in ``\\Z`` and the
+JSON Schema adds a guard against newlines (see ``schema.py``). Each check measures a value's
+length before it runs a pattern on it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Final
 from dispatch_kubeflow.constants import PUBLISH_DIR, RESERVED_PREFIXES
 from dispatch_kubeflow.settings.refusals import refuse, shown
 
-DNS_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_NAME_PART: Final = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
-_PREFIX_PART: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-QUALIFIED_NAME_PATTERN: Final = rf"^({_PREFIX_PART}/)?{_NAME_PART}$"
-LABEL_VALUE_PATTERN: Final = rf"^({_NAME_PART})?$"
+DNS_LABEL_PATTERN: Final = r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN: Final = (
+    r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$"
+)
+_NAME_PART: Final = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_PREFIX_PART: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+QUALIFIED_NAME_PATTERN: Final = rf"^(?:{_PREFIX_PART}/)?{_NAME_PART}$"
+LABEL_VALUE_PATTERN: Final = rf"^(?:{_NAME_PART})?$"
 
 
 def _literal(text: str) -> str:
@@ -31,13 +34,13 @@ def _literal(text: str) -> str:
 
 
 RESERVED_PREFIX_PATTERN: Final = (
-    "^(" + "|".join(_literal(p.rstrip("/")) for p in RESERVED_PREFIXES) + ")/"
+    "^(?:" + "|".join(_literal(p.rstrip("/")) for p in RESERVED_PREFIXES) + ")/"
 )
-_DOMAIN_COMPONENT: Final = r"([A-Za-z0-9]|[A-Za-z0-9][-A-Za-z0-9]*[A-Za-z0-9])"
-_PATH_COMPONENT: Final = r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT: Final = r"(?:[A-Za-z0-9]|[A-Za-z0-9][-A-Za-z0-9]*[A-Za-z0-9])"
+_PATH_COMPONENT: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_DIGEST_PATTERN: Final = (
-    rf"^({_DOMAIN_COMPONENT}(\.{_DOMAIN_COMPONENT})*(:[0-9]+)?/)?"
-    rf"{_PATH_COMPONENT}(/{_PATH_COMPONENT})*@sha256:[0-9a-f]{{64}}$"
+    rf"^(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*@sha256:[0-9a-f]{{64}}$"
 )
 MOUNT_PATH_PATTERN: Final = "^/"
 # Inside the publish directory; the directory itself is matched as a constant, with no '$'.
