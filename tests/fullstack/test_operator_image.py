@@ -184,7 +184,7 @@ async def test_the_operator_image_serves_the_examples_to_succeeded_as_the_chart_
     served = adapter["spec"]["namespace"]
     assert job["metadata"]["namespace"] == served
     core, objects = client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api)
-    await core.create_namespace({"metadata": {"name": served}})
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=served)))
     port = free_port()
     try:
         with _installed_chart(helm, cluster, images, [adapter_namespace, served], port) as stored:

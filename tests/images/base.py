@@ -183,7 +183,12 @@ def _make_python_tars(scratch: Path) -> list[Path]:
 def _make_busybox_tar(scratch: Path) -> list[Path]:
     root = scratch / "root"
     (root / "bin").mkdir(parents=True)
-    _run(["apt-get", "download", BUSYBOX_PACKAGE], timeout=300, cwd=scratch)
+    download = ["apt-get", "download", BUSYBOX_PACKAGE]
+    try:
+        _run(download, timeout=300, cwd=scratch)
+    except BaseError:  # package lists never fetched, or too old for the mirror
+        _run(["apt-get", "update", "-qq"], timeout=600)
+        _run(download, timeout=300, cwd=scratch)
     (deb,) = scratch.glob("*.deb")
     _run(["dpkg-deb", "-x", str(deb), str(scratch / "deb")], timeout=120)
     shutil.copy2(scratch / "deb" / "bin" / "busybox", root / "bin" / "busybox")

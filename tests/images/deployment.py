@@ -40,8 +40,11 @@ class Standins:
 
 def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
     """The named container of a Deployment's pod template."""
-    (found,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == name]
-    return found
+    found: list[dict[str, Any]] = [
+        c for c in pod_spec(deployment)["containers"] if c["name"] == name
+    ]
+    (only,) = found
+    return only
 
 
 def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
