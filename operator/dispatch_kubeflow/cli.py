@@ -2,16 +2,19 @@
 
 ``schema`` prints the settings JSON Schema (the bytes of ``schema.json``); ``validate`` checks a
 settings document or a ``KubeflowAdapter`` manifest before it is used or applied, and prints the
-settings as the adapter reads them. Exit status: 0 success, 1 refused, 2 bad usage or unreadable
-input.
+settings as the adapter reads them. Exit status: 0 success, 1 refused, 2 bad usage, input that
+cannot be read or output that cannot be written, 3 an internal error (a fault in this program,
+never a verdict on the input), 130 interrupted. Every failure is one line on standard error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import yaml
@@ -22,13 +25,16 @@ from dispatch_kubeflow.settings import (
     InvalidSettings,
     Settings,
     json_pointer,
-    parse_settings,
     parse_settings_object,
 )
+from dispatch_kubeflow.settings.documents import MAX_DEPTH, decode_json, object_keys
+from dispatch_kubeflow.settings.refusals import MESSAGE_MAX, cut, printable
 
 EXIT_OK: Final = 0
 EXIT_REFUSED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_INTERNAL: Final = 3
+EXIT_INTERRUPTED: Final = 130
 
 PROG: Final = "dispatch-kubeflow"
 
@@ -51,15 +57,64 @@ def add_schema_command(commands: SubParsers) -> None:
 
 
 def run_schema(_args: argparse.Namespace) -> int:
-    sys.stdout.buffer.write(schema_bytes())
-    sys.stdout.buffer.flush()
+    return write_output(schema_bytes(), "schema")
+
+
+# --- standard streams -----------------------------------------------------------------------------
+
+
+def report(message: str) -> None:
+    """One line on standard error, if there is one to write to."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(cut(printable(message), MESSAGE_MAX * 2) + "\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # nowhere left to say it; the exit status still does
+
+
+def write_output(data: bytes, command: str) -> int:
+    """Write ``data`` to standard output; a failure (closed, full, a broken pipe) is exit 2."""
+    try:
+        stream = sys.stdout
+        if stream is None:
+            raise OSError("standard output is closed")
+        buffer = getattr(stream, "buffer", None)
+        if buffer is not None:
+            buffer.write(data)
+            buffer.flush()
+        else:
+            stream.write(data.decode("utf-8"))
+            stream.flush()
+    except (OSError, ValueError) as exc:
+        _discard_standard_output()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        report(f"{PROG} {command}: cannot write the output: {reason}")
+        return EXIT_USAGE
     return EXIT_OK
+
+
+def _discard_standard_output() -> None:
+    """Point standard output at the null device, so the flush at exit fails no second time."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (AttributeError, OSError, ValueError):
+        pass  # no file descriptor behind it: nothing is flushed at exit either
 
 
 # --- validate -------------------------------------------------------------------------------------
 
 _MANIFEST_KEYS: Final = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
 _YAML_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+# The most an apiserver accepts in one request; a settings document is a few kilobytes.
+MAX_INPUT_BYTES: Final = 3 * 1024 * 1024
+# A manifest holds the settings one level down, under spec, beside metadata and status.
+MANIFEST_MAX_DEPTH: Final = MAX_DEPTH + 1
+MANIFEST_MAX_CONTAINERS: Final = 10_000
 
 
 def add_validate_command(commands: SubParsers) -> None:
@@ -78,26 +133,38 @@ def add_validate_command(commands: SubParsers) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    name = "standard input" if args.file == "-" else args.file
     try:
         data = _read_input(args.file)
     except OSError as exc:
-        print(f"{PROG} validate: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        report(f"{PROG} validate: cannot read {name}: {exc.strerror or exc}")
         return EXIT_USAGE
     try:
+        if len(data) > MAX_INPUT_BYTES:
+            raise InvalidSettings(
+                "", f"the document is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB"
+            )
         settings = load_settings_or_manifest(data)
     except InvalidSettings as exc:
-        print(str(exc), file=sys.stderr)
+        report(str(exc))
         return EXIT_REFUSED
-    json.dump(validation_result(settings), sys.stdout, indent=2, ensure_ascii=False)
-    sys.stdout.write("\n")
-    return EXIT_OK
+    result = json.dumps(validation_result(settings), indent=2, ensure_ascii=False) + "\n"
+    return write_output(result.encode("utf-8"), "validate")
 
 
 def _read_input(name: str) -> bytes:
-    if name == "-":
-        return sys.stdin.buffer.read()
-    with open(name, "rb") as handle:
-        return handle.read()
+    """At most one byte more than ``MAX_INPUT_BYTES`` of the file, or of stdin for ``-``."""
+    if name != "-":
+        with open(name, "rb") as handle:
+            return handle.read(MAX_INPUT_BYTES + 1)
+    stream = sys.stdin
+    if stream is None:
+        raise OSError("it is closed")
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        data: bytes = buffer.read(MAX_INPUT_BYTES + 1)
+        return data
+    return str(stream.read(MAX_INPUT_BYTES + 1)).encode("utf-8", "surrogateescape")
 
 
 def validation_result(settings: Settings) -> dict[str, Any]:
@@ -118,19 +185,16 @@ def load_settings_or_manifest(data: bytes) -> Settings:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidSettings("", f"not UTF-8 text (byte {exc.start})") from None
-    if _is_settings_json(text):
-        return parse_settings(data)
-    return parse_manifest(text)
-
-
-def _is_settings_json(text: str) -> bool:
     if not text.lstrip(" \t\r\n").startswith("{"):
-        return False
-    try:
-        document = json.loads(text)
-    except ValueError:
-        return True  # broken JSON: the settings parser says what is wrong with it
-    return not (isinstance(document, dict) and ({"apiVersion", "kind"} & document.keys()))
+        return parse_manifest(text)
+    # Broken JSON: the settings parser says what is wrong with it. A manifest may hold more
+    # objects than settings do (metadata, managedFields, status), and one more level.
+    document = decode_json(
+        text, max_depth=MANIFEST_MAX_DEPTH, max_containers=MANIFEST_MAX_CONTAINERS
+    )
+    if {"apiVersion", "kind"} & object_keys(document):
+        return parse_manifest(text)
+    return parse_settings_object(document)
 
 
 def parse_manifest(text: str) -> Settings:
@@ -141,6 +205,8 @@ def parse_manifest(text: str) -> Settings:
     for key in manifest:
         if key not in _MANIFEST_KEYS:
             raise InvalidSettings(json_pointer(key), "unknown key")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise InvalidSettings("/metadata", "must be a mapping")
     if manifest.get("apiVersion") != API_VERSION:
         raise InvalidSettings("/apiVersion", f"must be {API_VERSION!r}")
     if manifest.get("kind") != KUBEFLOW_ADAPTER_KIND:
@@ -150,17 +216,69 @@ def parse_manifest(text: str) -> Settings:
     return parse_settings_object(manifest["spec"], pointer="/spec")
 
 
+class ManifestLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases and nesting past ``MANIFEST_MAX_DEPTH``.
+
+    A manifest needs no aliases, and refusing them is what keeps an alias bomb (a few hundred
+    bytes that expand to millions of nodes) and a recursive alias from being expanded at all.
+    Depth is counted before the composer recurses into a collection.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            raise InvalidSettings(
+                "",
+                f"YAML aliases (*{event.anchor}) are not supported: a manifest needs none"
+                f"{_where(event.start_mark)}",
+            )
+        collection = isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent)
+        if collection:
+            self.depth += 1
+            if self.depth > MANIFEST_MAX_DEPTH:
+                raise InvalidSettings(
+                    "",
+                    f"nested more than {MANIFEST_MAX_DEPTH} levels deep{_where(event.start_mark)}",
+                )
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if collection:
+                self.depth -= 1
+
+    def construct_integer(self, node: yaml.ScalarNode) -> int | Decimal:
+        """An integer; one too long for ``int()`` (never a settings value) as a ``Decimal``."""
+        try:
+            return self.construct_yaml_int(node)
+        except ValueError:
+            try:
+                return Decimal(str(node.value).replace("_", ""))
+            except ArithmeticError:
+                return Decimal("Infinity")
+
+
+ManifestLoader.add_constructor("tag:yaml.org,2002:int", ManifestLoader.construct_integer)
+
+
+def _where(mark: Any) -> str:
+    return f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+
+
 def _load_single_yaml(text: str) -> Any:
-    loader = yaml.SafeLoader(text)
+    loader = ManifestLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             raise InvalidSettings("", "the manifest is empty")
         return _yaml_value(loader, node, "")
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise InvalidSettings("", f"not valid YAML: {exc.problem}{where}") from None
+        raise InvalidSettings(
+            "", f"not valid YAML: {exc.problem}{_where(exc.problem_mark)}"
+        ) from None
     except yaml.YAMLError as exc:
         raise InvalidSettings("", f"not valid YAML: {exc}") from None
     finally:
@@ -176,7 +294,8 @@ def _yaml_value(loader: yaml.SafeLoader, node: yaml.Node, pointer: str) -> Any:
                 raise InvalidSettings(pointer, "YAML merge keys (<<) are not supported")
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, str):
-                raise InvalidSettings(pointer, f"key {key!r} is not a string: quote it")
+                shown = cut(printable(repr(key)), 80)
+                raise InvalidSettings(pointer, f"key {shown} is not a string: quote it")
             where = pointer + json_pointer(key)
             if key in result:
                 raise InvalidSettings(where, f"duplicate key {json.dumps(key)}")
@@ -259,7 +378,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_admission(argparse.Namespace(arguments=arguments[1:]))
     args = build_parser().parse_args(arguments)
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        # A fault of this program, not a verdict on the input: its own exit status, one line.
+        report(f"{PROG}: internal error ({type(exc).__name__}: {exc}); please report it")
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

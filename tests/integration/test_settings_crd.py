@@ -36,10 +36,15 @@ async def create(
         "metadata": {"name": name},
         "spec": spec,
     }
-    kwargs = {"field_validation": "Strict"} if strict else {}
-    created: dict[str, Any] = await client.CustomObjectsApi(api).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, KUBEFLOW_ADAPTERS, body, **kwargs
-    )
+    objects = client.CustomObjectsApi(api)
+    if strict:
+        created: dict[str, Any] = await objects.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, KUBEFLOW_ADAPTERS, body, field_validation="Strict"
+        )
+    else:
+        created = await objects.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, KUBEFLOW_ADAPTERS, body
+        )
     return created
 
 
@@ -49,7 +54,7 @@ async def refusal(
     with pytest.raises(ApiException) as info:
         await create(api, namespace, "refused", spec, strict=strict)
     assert info.value.status == status, info.value.body
-    message: str = json.loads(info.value.body)["message"]
+    message: str = json.loads(info.value.body or "{}")["message"]
     return message
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from dispatch_kubeflow.cli import main
+from dispatch_kubeflow import cli
+from dispatch_kubeflow.cli import EXIT_INTERNAL, EXIT_USAGE, MAX_INPUT_BYTES, main
+from tests.unit.growth import assert_grows_linearly
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "c" * 64
@@ -345,3 +348,163 @@ class TestAdmission:
         error = capsys.readouterr().err.strip()
         assert str(missing) in error
         assert "\n" not in error
+
+
+def alias_bomb(levels: int) -> str:
+    """A manifest whose metadata expands to 10**levels strings through YAML aliases."""
+    lines = [
+        "apiVersion: dispatch.phpboyscout.uk/v1alpha1",
+        "kind: KubeflowAdapter",
+        "metadata:",
+        '  l0: &l0 ["x","x","x","x","x","x","x","x","x","x"]',
+    ]
+    for level in range(1, levels):
+        below = f"*l{level - 1}"
+        lines.append(f"  l{level}: &l{level} [{','.join([below] * 10)}]")
+    return "\n".join([*lines, "spec:", "  namespace: a", ""])
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+class TestHostileInput:
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "{" * 1000,
+            '{"namespace": ' + "[" * 1000 + "]" * 1000 + "}",
+            '{"apiVersion": "v", "kind": "k", "spec": ' + "[" * 1000 + "]" * 1000 + "}",
+            "spec: " + "[" * 1000,
+            "spec:\n  labels:\n    " + "- " * 1000 + "x\n",
+        ],
+    )
+    def test_deep_nesting_is_refused_in_one_line(
+        self, text: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code, out, err = run(["validate", "-"], capsys, stdin=text)
+        assert (code, out) == (1, "")
+        assert "levels deep" in one_line(err)
+
+    def test_an_alias_bomb_is_refused_at_its_first_alias(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin=alias_bomb(7))
+        assert code == 1
+        assert one_line(err).startswith(
+            "invalid settings: YAML aliases (*l0) are not supported: a manifest needs none"
+        )
+
+    def test_refusing_a_bomb_costs_no_more_as_it_grows(self) -> None:
+        def validate(text: str) -> int:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+                patch.setattr(sys, "stderr", io.StringIO())
+                return main(["validate", "-"])
+
+        assert_grows_linearly(alias_bomb, validate, 40)
+
+    def test_a_recursive_alias_is_refused(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin="spec: &a [*a]\n")
+        assert code == 1
+        assert "YAML aliases (*a)" in one_line(err)
+
+    def test_anchors_without_aliases_are_fine(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin=MANIFEST.replace("spec:", "spec: &s"))
+        assert (code, err) == (0, "")
+
+    def test_a_5000_digit_integer_is_a_number_in_the_wrong_place(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        text = MANIFEST.replace("namespace: team-a", "namespace: " + "1" * 5000)
+        code, _, err = run(["validate", "-"], capsys, stdin=text)
+        assert code == 1
+        assert one_line(err) == (
+            "invalid settings at /spec/namespace: must be a string, not a number\n"
+        )
+
+    def test_a_5000_digit_integer_in_metadata_is_no_crash(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        text = MANIFEST.replace("  name: team-a", "  name: team-a\n  generation: " + "9" * 5000)
+        code, _, err = run(["validate", "-"], capsys, stdin=text)
+        assert (code, err) == (0, "")
+
+    def test_a_line_separator_in_a_key_stays_escaped(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # YAML reads a raw U+2028 as a line break; the escape is the character itself.
+        text = MANIFEST.replace("  nodeLossWindow: 90s", '  labels: {"a\\u2028b": "v"}')
+        code, _, err = run(["validate", "-"], capsys, stdin=text)
+        assert code == 1
+        assert '"/spec/labels/a\\u2028b"' in one_line(err)
+
+    def test_input_over_the_bound_is_refused_unread(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        code, _, err = run(["validate", "-"], capsys, stdin=b" " * (MAX_INPUT_BYTES + 1))
+        assert code == 1
+        assert one_line(err) == "invalid settings: the document is larger than 3 MiB\n"
+
+
+class TestStreamsAndFaults:
+    def test_a_closed_stdin(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setattr(sys, "stdin", None)
+        assert main(["validate", "-"]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert (
+            one_line(err)
+            == "dispatch-kubeflow validate: cannot read standard input: it is closed\n"
+        )
+
+    @pytest.mark.parametrize("command", [["schema"], ["validate", "examples/settings.json"]])
+    def test_a_closed_stdout(
+        self,
+        command: list[str],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        monkeypatch.chdir(ROOT)
+        monkeypatch.setattr(sys, "stdout", None)
+        assert main(command) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "cannot write the output: standard output is closed" in one_line(err)
+
+    @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+    @pytest.mark.parametrize("command", [["schema"], ["validate", "examples/settings.json"]])
+    def test_a_full_disk(self, command: list[str]) -> None:
+        with open("/dev/full", "wb") as full:
+            result = subprocess.run(
+                [sys.executable, "-m", "dispatch_kubeflow.cli", *command],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                check=False,
+            )
+        assert result.returncode == EXIT_USAGE
+        assert "cannot write the output: No space left on device" in one_line(result.stderr)
+
+    def test_a_file_name_that_is_not_utf8(self, capsys: pytest.CaptureFixture[str]) -> None:
+        name = os.fsdecode(b"/nonexistent/\xff.json")
+        code, _, err = run(["validate", name], capsys)
+        assert code == EXIT_USAGE
+        assert "cannot read /nonexistent/\\udcff.json" in one_line(err)
+
+    def test_an_internal_error_has_its_own_status_and_one_line(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        def broken(_data: bytes) -> None:
+            raise RuntimeError("a fault\nacross lines")
+
+        monkeypatch.setattr(cli, "load_settings_or_manifest", broken)
+        code, out, err = run(["validate", "-"], capsys, stdin="{}")
+        assert (code, out) == (EXIT_INTERNAL, "")
+        assert one_line(err) == (
+            "dispatch-kubeflow: internal error (RuntimeError: a fault\\nacross lines); "
+            "please report it\n"
+        )

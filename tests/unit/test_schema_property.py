@@ -42,10 +42,11 @@ def _mount_path_differences(credentials: Any) -> Iterator[str]:
     if not isinstance(credentials, list):
         return
     paths = [c.get("mountPath") for c in credentials if isinstance(c, dict)]
-    schema_paths = [
+    schema_paths: list[str] = [
         p
         for p in paths
-        if _matches(MOUNT_PATH_PATTERN, p)
+        if isinstance(p, str)
+        and _matches(MOUNT_PATH_PATTERN, p)
         and p != PUBLISH_DIR
         and not _matches(PUBLISH_DIR_INSIDE_PATTERN, p)
     ]
