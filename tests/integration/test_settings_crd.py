@@ -175,3 +175,107 @@ async def test_what_only_the_parser_refuses_is_stored_and_then_refused(
     with pytest.raises(InvalidSettings) as info:
         parse_settings_object(created["spec"], pointer="/spec")
     assert info.value.pointer == "/spec/credentials/0/mountPath"
+
+
+# The words kubectl shows for each refused value: what it must be, never a regular expression.
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (
+            changed(timeouts={"request": "30"}),
+            'spec.timeouts.request: Invalid value: "30": must be a positive Go duration such '
+            "as 30s or 1h30m",
+        ),
+        (changed(nodeLossWindow="5m\n"), "must be a positive Go duration"),
+        (
+            changed(namespace="Team-A"),
+            'spec.namespace: Invalid value: "Team-A": must be an RFC 1123 label',
+        ),
+        (changed(runtimes=[{**RUNTIME, "name": "Torch"}]), "must be an RFC 1123 subdomain"),
+        (changed(labels={"team": "a b"}), "must be a label value"),
+        (changed(gpuResource="a/b/c"), "must be a qualified name"),
+        (changed(nodeLossTaints=["-x"]), "must be a qualified name"),
+        (changed(publish={"image": "registry.example/p:v1"}), "must be an image reference pinned"),
+        (
+            changed(credentials=[{"secretName": "s", "mountPath": "relative"}]),
+            "must be an absolute path",
+        ),
+        (
+            changed(credentials=[{"secretName": "s", "mountPath": "/opt/dispatch"}]),
+            "must not be /opt/dispatch or inside it",
+        ),
+        (
+            changed(credentials=[{"secretName": "s", "mountPath": "/opt/dispatch/x"}]),
+            "must not be /opt/dispatch or inside it",
+        ),
+    ],
+)
+async def test_a_refused_pattern_is_told_in_words(
+    kube_api: client.ApiClient, namespace: str, spec: dict[str, Any], words: str
+) -> None:
+    message = await refusal(kube_api, namespace, spec)
+    assert words in message
+    assert "^" not in message
+    assert "a-z0-9]" not in message
+
+
+BOUND = 64
+
+
+@pytest.mark.parametrize(
+    ("key", "entries"),
+    [
+        ("runtimes", lambda n: [{"kind": "TrainingRuntime", "name": f"r{i}"} for i in range(n)]),
+        (
+            "credentials",
+            lambda n: [{"secretName": f"s{i}", "mountPath": f"/c/{i}"} for i in range(n)],
+        ),
+        ("nodeLossTaints", lambda n: [f"example.com/t{i}" for i in range(n)]),
+        ("labels", lambda n: {f"example.com/k{i}": "v" for i in range(n)}),
+        ("annotations", lambda n: {f"example.com/k{i}": "v" * 100 for i in range(n)}),
+    ],
+)
+async def test_lists_and_maps_hold_the_bound_and_no_more(
+    kube_api: client.ApiClient, namespace: str, key: str, entries: Any
+) -> None:
+    full = changed(**{key: entries(BOUND)})
+    created = await create(kube_api, namespace, f"full-{key.lower()}", full)
+    assert parse_settings_object(created["spec"], pointer="/spec").namespace == "team-a"
+    message = await refusal(kube_api, namespace, changed(**{key: entries(BOUND + 1)}))
+    assert f"spec.{key}: Too many: {BOUND + 1}: must have at most {BOUND}" in message
+
+
+async def test_the_longest_values_pass_every_rule(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    """Values at their bounds: the CEL rules run within the apiserver's cost budget."""
+    long_name = ("p" * 63 + ".") * 3 + "p" * 61  # 253
+    qualified = long_name + "/" + "n" * 63  # 317
+    spec = changed(
+        nodeLossWindow="1h" + "0" * 60 + "1s",
+        gpuResource=qualified,
+        nodeLossTaints=[qualified],
+        labels={"team": "v" * 63},
+        runtimes=[{"kind": "TrainingRuntime", "name": long_name}],
+        publish={"image": "r" * 255 + "@sha256:" + "0" * 64},
+    )
+    created = await create(kube_api, namespace, "longest", spec)
+    assert parse_settings_object(created["spec"], pointer="/spec").gpu_resource == qualified
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"nodeLossWindow": "1" * 64 + "s"}, "spec.nodeLossWindow"),
+        ({"gpuResource": "n" * 318}, "spec.gpuResource"),
+        ({"publish": {"image": "r" * 256 + "@sha256:" + "0" * 64}}, "spec.publish.image"),
+        ({"credentials": [{"secretName": "s", "mountPath": "/" + "a" * 4096}]}, "mountPath"),
+    ],
+)
+async def test_longer_values_are_refused(
+    kube_api: client.ApiClient, namespace: str, changes: dict[str, Any], field: str
+) -> None:
+    message = await refusal(kube_api, namespace, changed(**changes))
+    assert f"{field}: Too long" in message
+    with pytest.raises(InvalidSettings):
+        parse_settings_object(changed(**changes))
