@@ -76,24 +76,21 @@ def check_container_name(value: str) -> str:
     return check_dns_label(value, "a container name")
 
 
-def check_object_name(value: str) -> str:
-    if len(value) > SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.match(value):
+def _check_subdomain(value: str, limit: int, what: str) -> str:
+    if len(value) > limit or not _DNS_SUBDOMAIN.match(value):
         refuse(
-            "must be a Kubernetes object name (an RFC 1123 subdomain: at most 253 characters of "
-            "a-z, 0-9, '-' and '.', each dot-separated part beginning and ending with a letter "
-            f"or digit), got {shown(value)}"
+            f"must be {what} (at most {limit} characters of a-z, 0-9, '-' and '.', each "
+            f"dot-separated part beginning and ending with a letter or digit), got {shown(value)}"
         )
     return value
+
+
+def check_object_name(value: str) -> str:
+    return _check_subdomain(value, SUBDOMAIN_MAX, "a Kubernetes object name, an RFC 1123 subdomain")
 
 
 def check_queue_name(value: str) -> str:
-    if len(value) > LABEL_MAX or not _DNS_SUBDOMAIN.match(value):
-        refuse(
-            "must be an object name that is also a label value (at most 63 characters of a-z, "
-            "0-9, '-' and '.', each dot-separated part beginning and ending with a letter or "
-            f"digit), got {shown(value)}"
-        )
-    return value
+    return _check_subdomain(value, LABEL_MAX, "an object name that is also a label value")
 
 
 def qualified_name_problem(value: str) -> str | None:
