@@ -49,6 +49,7 @@ from dispatch_kubeflow.constants import (
     Cause,
     State,
 )
+from dispatch_kubeflow.derivation import derive
 from dispatch_kubeflow.errors import (
     DispatchError,
     ErrInvalid,
@@ -56,15 +57,9 @@ from dispatch_kubeflow.errors import (
     ErrOutcomeUnknown,
     ErrUnsupported,
 )
-from dispatch_kubeflow.events import (
-    DispatchEvent,
-    JobObservation,
-    JobStatus,
-    ReportStore,
-    Taint,
-    derive,
-)
+from dispatch_kubeflow.events import DerivedStatus, DispatchEvent, JobObservation, Taint
 from dispatch_kubeflow.kube.connection import ApiClientWithTimeouts, connect
+from dispatch_kubeflow.reporting import ReportStore
 from dispatch_kubeflow.runtimes import check_runtime, describe
 from dispatch_kubeflow.settings import Declarations, RuntimeRef, Settings, parse_settings
 from dispatch_kubeflow.trainjob import (
@@ -118,7 +113,7 @@ class AttemptFound(BaseModel):
     job_set: Obj | None = None
     pods: tuple[Obj, ...] = ()
     workload: Obj | None = None
-    status: JobStatus
+    status: DerivedStatus
 
 
 class Found(BaseModel):

@@ -34,6 +34,7 @@ from kubernetes_asyncio import client
 from dispatch_kubeflow.constants import (
     ANNOTATION_REPORTED,
     BUILTIN_LOSS_TAINTS,
+    EFFECT_NO_EXECUTE,
     JOBSET_GROUP,
     JOBSET_VERSION,
     JOBSETS,
@@ -48,17 +49,10 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     WORKLOADS,
 )
-from dispatch_kubeflow.events import (
-    EFFECT_NO_EXECUTE,
-    DispatchEvent,
-    JobObservation,
-    ReportedRecord,
-    Reporter,
-    ReportStore,
-    Taint,
-    derive,
-)
+from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.events import DispatchEvent, JobObservation, Taint
 from dispatch_kubeflow.lease import Clock, LeaseHeartbeat, SystemClock
+from dispatch_kubeflow.reporting import ReportedRecord, Reporter, ReportStore
 from dispatch_kubeflow.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     VERSION,
 )
-from dispatch_kubeflow.events import ReportedRecord
 from dispatch_kubeflow.handlers.registry import EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
+from dispatch_kubeflow.reporting import ReportedRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())

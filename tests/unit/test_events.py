@@ -15,14 +15,8 @@ from dispatch_kubeflow.constants import (
     EventType,
     State,
 )
-from dispatch_kubeflow.events import (
-    DispatchEvent,
-    Evidence,
-    JobObservation,
-    JobStatus,
-    Taint,
-    derive,
-)
+from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.events import DerivedStatus, DispatchEvent, Evidence, JobObservation, Taint
 
 LOSS = frozenset(BUILTIN_LOSS_TAINTS) | {"example.com/node-dead"}
 T0 = "2026-01-01T00:00:00Z"
@@ -103,7 +97,7 @@ def observe(**fields: Any) -> JobObservation:
     return JobObservation(job="j1", attempt=1, **fields)
 
 
-def status_of(**fields: Any) -> JobStatus:
+def status_of(**fields: Any) -> DerivedStatus:
     return derive(observe(**fields), loss_taints=LOSS)
 
 

@@ -7,16 +7,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dispatch_kubeflow.constants import BUILTIN_LOSS_TAINTS, Cause, EventType, State
-from dispatch_kubeflow.events import (
-    DispatchEvent,
-    JobObservation,
-    MemoryStore,
-    ReportedRecord,
-    Reporter,
-    Taint,
-    advance,
-    derive,
-)
+from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.events import DispatchEvent, JobObservation, Taint
+from dispatch_kubeflow.reporting import MemoryStore, ReportedRecord, Reporter, advance
 from tests.unit.test_events import (
     ADMITTED,
     T1,

@@ -6,11 +6,11 @@ import logging
 from typing import Any
 
 from dispatch_kubeflow.constants import STATUS_REPORTED
-from dispatch_kubeflow.events import ReportedRecord
 from dispatch_kubeflow.handlers import crds
 from dispatch_kubeflow.handlers.adapters import AdapterSession
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore, record_patch, records_of
+from dispatch_kubeflow.reporting import ReportedRecord
 from dispatch_kubeflow.settings import parse_settings_object
 from dispatch_kubeflow.watching import ListingReportStore
 

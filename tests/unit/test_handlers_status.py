@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dispatch_kubeflow.events import JobObservation, MemoryStore, Reporter, derive
+from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.events import JobObservation
 from dispatch_kubeflow.handlers.conditions import find_condition
 from dispatch_kubeflow.handlers.status import (
     HISTORY_LIMIT,
@@ -14,6 +15,7 @@ from dispatch_kubeflow.handlers.status import (
     fold_event,
     refuse_attempt,
 )
+from dispatch_kubeflow.reporting import MemoryStore, Reporter
 from tests.unit.test_events import cond, trainjob, workload
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

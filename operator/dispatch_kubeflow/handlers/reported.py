@@ -20,8 +20,8 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, VERSION
-from dispatch_kubeflow.events import ReportedRecord
 from dispatch_kubeflow.handlers.kube import DISPATCH_JOBS, read_object, update_status
+from dispatch_kubeflow.reporting import ReportedRecord
 
 LIST_PAGE: Final = 500
 DEFAULT_TIMEOUT: Final = timedelta(seconds=30)

@@ -1,0 +1,244 @@
+"""Exactly-once reporting: successive derived statuses become transitions, each reported once.
+
+The last reported position of each (job, attempt) is a small record (``ReportedRecord``) kept
+outside the process (``ReportStore``), so a restarted adapter neither repeats nor loses a
+transition: ``advance`` computes the transitions between the record and a derived status, and
+``Reporter`` keeps the records and saves them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dispatch_kubeflow.constants import Cause, EventType, State
+from dispatch_kubeflow.events import DerivedStatus, DispatchEvent
+
+
+class ReportedRecord(BaseModel):
+    """How far the events of one (job, attempt) have been reported; stored as short JSON."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    submitted: bool = Field(default=False, alias="s")
+    # Evictions reported so far; Admitted and Running are reported once per admission epoch.
+    epoch: int = Field(default=0, alias="e")
+    eviction: str | None = Field(default=None, alias="x")
+    admitted: int = Field(default=-1, alias="a")
+    running: int = Field(default=-1, alias="r")
+    restarts: int = Field(default=0, alias="ra")
+    node_lost: str | None = Field(default=None, alias="n")
+    finished: bool = Field(default=False, alias="f")
+    # The phase last reported in and the causes its events carried, as "<phase>:<cause>,...";
+    # absent from records written before causes were tracked.
+    causes: str | None = Field(default=None, alias="c")
+
+    def causes_in(self, phase: str) -> frozenset[str] | None:
+        """The causes reported in ``phase``; None when the record predates cause tracking."""
+        if self.causes is None:
+            return None
+        reported_phase, _, causes = self.causes.partition(":")
+        return frozenset(causes.split(",")) if reported_phase == phase else frozenset()
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_defaults=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> ReportedRecord | None:
+        """The record in ``text``, or None when it is absent or unreadable (reported nothing)."""
+        if not text:
+            return None
+        try:
+            return cls.model_validate_json(text)
+        except ValueError:
+            return None
+
+
+class ReportStore(Protocol):
+    """Where the last reported record of each (job, attempt) outlives the process."""
+
+    async def load(self, job: str, attempt: int) -> ReportedRecord | None: ...
+
+    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None: ...
+
+
+class MemoryStore:
+    """A ReportStore that lives as long as the process: for tests and the library default."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, int], ReportedRecord] = {}
+
+    async def load(self, job: str, attempt: int) -> ReportedRecord | None:
+        return self.records.get((job, attempt))
+
+    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None:
+        self.records[(job, attempt)] = record
+
+
+_NO_CAUSE = "-"
+# Causes that explain why a job waits; every other cause comes with an event of its own
+# (Evicted, NodeLost, Restarted, Finished), and a cleared cause shows on the next event.
+WAITING_CAUSES = frozenset({Cause.NO_CAPACITY, Cause.IMAGE_PULL, Cause.CONFIG_ERROR})
+_PHASE_EVENTS = {"S": EventType.SUBMITTED, "A": EventType.ADMITTED, "R": EventType.RUNNING}
+
+
+def _phase_of(status: DerivedStatus, epoch: int) -> str:
+    """Where a non-terminal job is: admission epoch, gang incarnation, waiting/admitted/running."""
+    step = "R" if status.admitted and status.running else "A" if status.admitted else "S"
+    return f"{epoch}.{status.restart_attempt}.{step}"
+
+
+def _cause_key(cause: Cause | None) -> str:
+    return cause.value if cause is not None else _NO_CAUSE
+
+
+def advance(
+    *,
+    job: str,
+    attempt: int,
+    train_job: str | None,
+    record: ReportedRecord | None,
+    status: DerivedStatus,
+    now: datetime,
+) -> tuple[list[DispatchEvent], ReportedRecord]:
+    """The transitions from ``record`` to ``status`` not yet reported, in order, and the new record.
+
+    Order: Submitted, Evicted, Admitted, Running, NodeLost, Restarted, Finished or Vanished; an
+    eviction seen in the same step as an admission came before it (the admission is a readmission).
+    Nothing is reported after Finished or Vanished.
+
+    A waiting cause (``WAITING_CAUSES``) that a non-terminal job takes on without any of these
+    transitions (quota runs out, pods turn unschedulable or cannot pull their image) is reported
+    as a repeat of the event of the job's phase (``Submitted`` while it waits for admission,
+    ``Admitted``, ``Running``), once per distinct cause and phase.
+    """
+    rec = record or ReportedRecord()
+    if rec.finished:
+        return [], rec
+    vanished = status.state is State.UNKNOWN and status.cause is Cause.EVIDENCE_LOST
+    if vanished and not rec.submitted:
+        return [], rec  # nothing was ever reported of a job that was never seen
+
+    def event(type_: EventType, **overrides: Any) -> DispatchEvent:
+        fields: dict[str, Any] = {
+            "type": type_,
+            "job": job,
+            "attempt": attempt,
+            "train_job": train_job,
+            "time": now,
+            "state": status.state,
+            "cause": status.cause,
+            "reason": status.reason,
+            "message": status.message,
+            "evidence": status.evidence,
+        }
+        fields.update(overrides)
+        return DispatchEvent(**fields)
+
+    events: list[DispatchEvent] = []
+    updates: dict[str, Any] = {}
+    if not rec.submitted:
+        events.append(event(EventType.SUBMITTED))
+        updates["submitted"] = True
+    epoch = rec.epoch
+    if status.eviction_token is not None and status.eviction_token != rec.eviction:
+        eviction = status.eviction
+        if eviction is None:
+            events.append(event(EventType.EVICTED))
+        else:
+            others = tuple(e for e in status.evidence if e != eviction)
+            events.append(
+                event(
+                    EventType.EVICTED,
+                    reason=eviction.reason or "",
+                    message=eviction.message or "",
+                    evidence=(eviction, *others),
+                )
+            )
+        epoch += 1
+        updates.update(eviction=status.eviction_token, epoch=epoch)
+    # Admitted and Running are reported once per admission epoch (a readmission starts one).
+    if status.admitted and rec.admitted < epoch:
+        events.append(event(EventType.ADMITTED))
+        updates["admitted"] = epoch
+    if status.admitted and status.running and rec.running < epoch:
+        events.append(event(EventType.RUNNING))
+        updates["running"] = epoch
+    node_lost_key = f"{epoch}/{status.restart_attempt}"
+    if status.cause is Cause.NODE_LOST and rec.node_lost != node_lost_key:
+        events.append(event(EventType.NODE_LOST))
+        updates["node_lost"] = node_lost_key
+    if status.restart_attempt > rec.restarts:
+        events.append(event(EventType.RESTARTED))
+        updates["restarts"] = status.restart_attempt
+    if status.finished:
+        events.append(
+            event(
+                EventType.VANISHED if vanished else EventType.FINISHED,
+                result=status.result,
+            )
+        )
+        updates["finished"] = True
+    else:
+        phase = _phase_of(status, epoch)
+        cause = _cause_key(status.cause)
+        reported = rec.causes_in(phase)
+        if reported is None and not events:
+            # A record written before causes were tracked: its events carried the current cause
+            # as far as anyone can tell, so the cause is adopted without a report.
+            return events, rec.model_copy(update={"causes": f"{phase}:{cause}"})
+        reported = reported or frozenset()
+        if not events and status.cause in WAITING_CAUSES and cause not in reported:
+            events.append(event(_PHASE_EVENTS[phase[-1]]))
+        if events:
+            updates["causes"] = f"{phase}:{','.join(sorted(reported | {cause}))}"
+    return events, rec.model_copy(update=updates) if updates else rec
+
+
+class Reporter:
+    """Applies ``advance`` per (job, attempt), keeping the record in memory and in the store.
+
+    The record is saved before the events are handed out: a transition counts as reported
+    once the store holds it.
+    """
+
+    def __init__(self, store: ReportStore) -> None:
+        self._store = store
+        self._records: dict[tuple[str, int], ReportedRecord] = {}
+
+    async def record_of(self, job: str, attempt: int) -> ReportedRecord | None:
+        key = (job, attempt)
+        if key not in self._records:
+            loaded = await self._store.load(job, attempt)
+            if loaded is None:
+                return None
+            self._records[key] = loaded
+        return self._records[key]
+
+    async def report(
+        self,
+        *,
+        job: str,
+        attempt: int,
+        train_job: str | None,
+        status: DerivedStatus,
+        now: datetime,
+    ) -> list[DispatchEvent]:
+        previous = await self.record_of(job, attempt)
+        events, record = advance(
+            job=job,
+            attempt=attempt,
+            train_job=train_job,
+            record=previous,
+            status=status,
+            now=now,
+        )
+        if record != previous and events:
+            await self._store.save(job, attempt, record)
+        self._records[(job, attempt)] = record
+        return events
+
+    def forget(self, job: str, attempt: int) -> None:
+        self._records.pop((job, attempt), None)
