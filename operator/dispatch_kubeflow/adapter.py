@@ -550,6 +550,11 @@ class Adapter:
             pods=pods,
             workload=workload,
             node_taints=taints,
+            # _node_taints leaves out the nodes that no longer exist.
+            deleted_nodes=frozenset(
+                node for p in pods if (node := (p.get("spec") or {}).get("nodeName"))
+            )
+            - taints.keys(),
             stopped=stopping,
         )
         return AttemptFound(
@@ -604,6 +609,7 @@ class Adapter:
         return items
 
     async def _node_taints(self, pods: Sequence[Obj]) -> dict[str, tuple[Taint, ...]]:
+        """The taints of every node the pods are bound to that exists."""
         names = sorted(
             {p["spec"]["nodeName"] for p in pods if (p.get("spec") or {}).get("nodeName")}
         )
@@ -614,6 +620,7 @@ class Adapter:
                 for t in ((node or {}).get("spec") or {}).get("taints") or ()
             )
             for name, node in zip(names, nodes, strict=True)
+            if node is not None
         }
 
     async def _read_node(self, name: str) -> Obj | None:

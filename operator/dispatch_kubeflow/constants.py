@@ -100,23 +100,15 @@ LEASES: Final = "leases"
 MERGE_PATCH: Final = "application/merge-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
-# TrainJob conditions and reasons read by derivation.
+# TrainJob conditions read by derivation (their reasons, and every other upstream reason, are
+# the reason table's: reasons.py).
 TRAINJOB_COMPLETE: Final = "Complete"
 TRAINJOB_FAILED: Final = "Failed"
 TRAINJOB_SUSPENDED: Final = "Suspended"
-REASON_DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
-REASON_RUNTIME_NOT_SUPPORTED: Final = "TrainingRuntimeNotSupported"
 
-# Pod conditions, reasons and container states read by derivation.
+# Pod conditions read by derivation.
 POD_DISRUPTION_TARGET: Final = "DisruptionTarget"
-POD_REASON_TAINT_MANAGER: Final = "DeletionByTaintManager"
 POD_SCHEDULED: Final = "PodScheduled"
-POD_REASON_UNSCHEDULABLE: Final = "Unschedulable"
-WAITING_IMAGE_PULL: Final = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
-WAITING_CONFIG: Final = frozenset(
-    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
-)
-TERMINATED_OOM: Final = "OOMKilled"
 LABEL_COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 EFFECT_NO_EXECUTE: Final = "NoExecute"
 
@@ -186,18 +178,6 @@ WORKLOAD_ADMITTED: Final = "Admitted"
 WORKLOAD_EVICTED: Final = "Evicted"
 WORKLOAD_FINISHED: Final = "Finished"
 WORKLOAD_DEACTIVATION_TARGET: Final = "DeactivationTarget"
-WL_REASON_PREEMPTED: Final = "Preempted"
-WL_REASON_NODE_FAILURES: Final = "NodeFailures"
-WL_REASON_PODS_READY_TIMEOUT: Final = "PodsReadyTimeout"
-WL_REASON_DEACTIVATED: Final = "Deactivated"
-WL_REASON_MAX_EXEC_TIME: Final = "MaximumExecutionTimeExceeded"
-WL_NO_CAPACITY_REASONS: Final = frozenset({"Inadmissible", "ExceedsMaxQuota", "NoMatchingFlavor"})
-# Without the UnadmittedWorkloadsObservability gate Kueue reports every unadmitted Workload with
-# reason Pending; only the flavor assigner's verdict says the job does not fit.
-WL_REASON_PENDING: Final = "Pending"
-WL_NO_FIT_PREFIX: Final = "couldn't assign flavors to pod set"
-# Suffixes Kueue appends when it found room by preempting others: the job fits once they go.
-WL_PREEMPTION_UNDERWAY: Final = ("Pending the preemption of", "Preempting ")
 ADMISSION_CHECK_ACTIVE: Final = "Active"
 ADMISSION_FIELD_MANAGER: Final = ADMISSION_CONTROLLER_NAME
 

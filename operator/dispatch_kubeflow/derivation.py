@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from dispatch_kubeflow import reasons
 from dispatch_kubeflow.constants import (
     EFFECT_NO_EXECUTE,
     KIND_NODE,
@@ -23,34 +24,17 @@ from dispatch_kubeflow.constants import (
     LABEL_QUEUE_NAME,
     LABEL_RESTART_ATTEMPT,
     POD_DISRUPTION_TARGET,
-    POD_REASON_TAINT_MANAGER,
-    POD_REASON_UNSCHEDULABLE,
     POD_SCHEDULED,
     PUBLISH_MAX_BYTES,
-    REASON_DEADLINE_EXCEEDED,
-    REASON_RUNTIME_NOT_SUPPORTED,
-    TERMINATED_OOM,
     TRAINER_NODE,
     TRAINJOB_COMPLETE,
     TRAINJOB_FAILED,
     TRAINJOB_SUSPENDED,
-    WAITING_CONFIG,
-    WAITING_IMAGE_PULL,
-    WL_NO_CAPACITY_REASONS,
-    WL_NO_FIT_PREFIX,
-    WL_PREEMPTION_UNDERWAY,
-    WL_REASON_DEACTIVATED,
-    WL_REASON_MAX_EXEC_TIME,
-    WL_REASON_NODE_FAILURES,
-    WL_REASON_PENDING,
-    WL_REASON_PODS_READY_TIMEOUT,
-    WL_REASON_PREEMPTED,
     WORKLOAD_ADMITTED,
     WORKLOAD_DEACTIVATION_TARGET,
     WORKLOAD_EVICTED,
     WORKLOAD_QUOTA_RESERVED,
     Cause,
-    CheckState,
     State,
 )
 from dispatch_kubeflow.events import DerivedStatus, Evidence, JobObservation, Taint
@@ -59,15 +43,20 @@ from dispatch_kubeflow.kube.objects import (
     condition,
     dig,
     is_deleting,
+    is_false,
     is_true,
     mappings,
     name_of,
+    text,
 )
-from dispatch_kubeflow.kube.workloads import (
-    is_active,
-    is_admitted,
-    rejected_checks,
-)
+from dispatch_kubeflow.kube.workloads import is_active, is_admitted
+
+POD_SUCCEEDED = "Succeeded"
+POD_FAILED = "Failed"
+# The evidence's reason when a pod's Node was deleted: no upstream object says it in words.
+REASON_NODE_DELETED = "NodeDeleted"
+# Kueue's eviction reason for a deactivated Workload, alone or as DeactivatedDueTo<cause>.
+WL_REASON_DEACTIVATED = "Deactivated"
 
 # --------------------------------------------------------------------------------------------
 # Reading raw objects
@@ -103,6 +92,7 @@ def restart_attempt_of(pod: Mapping[str, Any]) -> int:
 
 # --------------------------------------------------------------------------------------------
 # Cause detectors: each yields (cause, evidence) pairs it finds; precedence picks among them.
+# What each upstream reason means is the reason table's (``reasons``); these only read it.
 
 _Found = tuple[Cause, Evidence]
 
@@ -111,96 +101,81 @@ def _workload_causes(workload: Mapping[str, Any] | None) -> Iterator[_Found]:
     if workload is None:
         return
     evicted = condition(workload, WORKLOAD_EVICTED)
-    if is_true(evicted):
-        assert evicted is not None
-        ev = _condition_evidence(KIND_WORKLOAD, workload, evicted)
-        reason = evicted.get("reason")
-        if reason == WL_REASON_PREEMPTED:
-            yield Cause.PREEMPTED, ev
-        elif reason == WL_REASON_NODE_FAILURES:
-            yield Cause.NODE_LOST, ev
-        elif reason == WL_REASON_PODS_READY_TIMEOUT:
-            yield Cause.PODS_READY_TIMEOUT, ev
-        elif reason == WL_REASON_DEACTIVATED:
-            underlying = _deactivation_cause(workload, evicted)
-            if underlying is not None:
-                yield underlying, ev
-    quota = condition(workload, WORKLOAD_QUOTA_RESERVED)
-    if quota is not None and _lacks_capacity(quota):
-        yield Cause.NO_CAPACITY, _condition_evidence(KIND_WORKLOAD, workload, quota)
-    for check in rejected_checks(workload):
-        yield (
-            Cause.ADMISSION_REJECTED,
-            Evidence(
-                kind=KIND_WORKLOAD,
-                name=name_of(workload),
-                field="status.admissionChecks",
-                type=str(check.get("name") or ""),
-                status=CheckState.REJECTED,
-                reason=CheckState.REJECTED,
-                message=str(check.get("message") or ""),
-            ),
-        )
-
-
-def _lacks_capacity(quota: Mapping[str, Any]) -> bool:
-    """Whether a QuotaReserved condition says the Workload does not fit the quota."""
-    if quota.get("status") != "False":
-        return False
-    reason = quota.get("reason")
-    if reason in WL_NO_CAPACITY_REASONS:
-        return True
-    message = str(quota.get("message") or "")
-    return (
-        reason == WL_REASON_PENDING
-        and message.startswith(WL_NO_FIT_PREFIX)
-        and not any(marker in message for marker in WL_PREEMPTION_UNDERWAY)
+    eviction_reason = (
+        text(evicted.get("reason")) if evicted is not None and is_true(evicted) else ""
     )
+    if evicted is not None and eviction_reason:
+        cause = reasons.eviction_cause(
+            eviction_reason, text(evicted.get("message")), _deactivation_causes(workload)
+        )
+        if cause is not None:
+            yield cause, _condition_evidence(KIND_WORKLOAD, workload, evicted)
+    quota = condition(workload, WORKLOAD_QUOTA_RESERVED)
+    if quota is not None and is_false(quota):
+        cause = reasons.quota_reserved_cause(
+            text(quota.get("reason")),
+            text(quota.get("message")),
+            queue_stopped=reasons.is_queue_stop(eviction_reason),
+        )
+        if cause is not None:
+            yield cause, _condition_evidence(KIND_WORKLOAD, workload, quota)
+    for check in mappings(dig(workload, "status", "admissionChecks")):
+        state = text(check.get("state"))
+        cause = reasons.check_cause(state)
+        if cause is not None:
+            yield (
+                cause,
+                Evidence(
+                    kind=KIND_WORKLOAD,
+                    name=name_of(workload),
+                    field="status.admissionChecks",
+                    type=text(check.get("name")),
+                    status=state,
+                    reason=state,
+                    message=text(check.get("message")),
+                ),
+            )
 
 
-def _deactivation_cause(workload: Mapping[str, Any], evicted: Mapping[str, Any]) -> Cause | None:
-    """Why Kueue deactivated a Workload, from the condition message or its recorded cause."""
-    texts = [str(evicted.get("message") or "")]
+def _deactivation_causes(workload: Mapping[str, Any]) -> list[str]:
+    """The underlying causes Kueue recorded for deactivating ``workload``.
+
+    Kueue v0.19 names it in the eviction reason (``DeactivatedDueTo<cause>``); the temporary
+    ``DeactivationTarget`` condition and ``schedulingStats.evictions[].underlyingCause`` carry it
+    for a plain ``Deactivated`` eviction.
+    """
+    found = []
     target = condition(workload, WORKLOAD_DEACTIVATION_TARGET)
     if target is not None:
-        texts += [str(target.get("reason") or ""), str(target.get("message") or "")]
-    stats = dig(workload, "status", "schedulingStats", "evictions")
-    for entry in stats if isinstance(stats, list) else []:
-        if isinstance(entry, Mapping) and entry.get("reason") == WL_REASON_DEACTIVATED:
-            texts.append(str(entry.get("underlyingCause") or ""))
-    joined = " ".join(texts).lower()
-    if WL_REASON_MAX_EXEC_TIME.lower() in joined or "maximum execution time" in joined:
-        return Cause.TIMEOUT
-    if "requeuinglimitexceeded" in joined:
-        # Kueue gives up requeuing after repeated PodsReadyTimeout evictions.
-        return Cause.PODS_READY_TIMEOUT
-    if "admissioncheck" in joined or "admission check" in joined or "rejected" in joined:
-        return Cause.ADMISSION_REJECTED
-    return None
+        found.append(text(target.get("reason")))
+    for entry in mappings(dig(workload, "status", "schedulingStats", "evictions")):
+        if text(entry.get("reason")).startswith(WL_REASON_DEACTIVATED):
+            found.append(text(entry.get("underlyingCause")))
+    return [cause for cause in found if cause]
 
 
 def _trainjob_causes(train_job: Mapping[str, Any] | None) -> Iterator[_Found]:
     failed = condition(train_job, TRAINJOB_FAILED)
-    if train_job is None or not is_true(failed):
+    if train_job is None or failed is None or not is_true(failed):
         return
-    assert failed is not None
-    ev = _condition_evidence(KIND_TRAINJOB, train_job, failed)
-    if failed.get("reason") == REASON_DEADLINE_EXCEEDED:
-        yield Cause.TIMEOUT, ev
-    elif failed.get("reason") == REASON_RUNTIME_NOT_SUPPORTED:
-        yield Cause.RUNTIME_UNSUPPORTED, ev
+    cause = reasons.trainjob_failed_cause(text(failed.get("reason")))
+    # A child Job's failure (ProgramError) is the fallback of ``_state``: the pods say more.
+    if cause is not None and cause is not Cause.PROGRAM_ERROR:
+        yield cause, _condition_evidence(KIND_TRAINJOB, train_job, failed)
 
 
-def _node_loss_causes(
+def _node_causes(
     pods: Iterable[Mapping[str, Any]],
     node_taints: Mapping[str, tuple[Taint, ...]],
     loss_taints: frozenset[str],
+    deleted_nodes: frozenset[str],
 ) -> Iterator[_Found]:
+    """NodeLost from the nodes the job's unfinished pods are bound to: a loss taint, or gone."""
     for pod in pods:
-        if dig(pod, "status", "phase") == "Succeeded":
-            continue
         node = dig(pod, "spec", "nodeName")
-        for taint in node_taints.get(node, ()) if isinstance(node, str) else ():
+        if not isinstance(node, str) or dig(pod, "status", "phase") == POD_SUCCEEDED:
+            continue
+        for taint in node_taints.get(node, ()):
             if taint.key in loss_taints and taint.effect == EFFECT_NO_EXECUTE:
                 yield (
                     Cause.NODE_LOST,
@@ -216,40 +191,68 @@ def _node_loss_causes(
                         f":{taint.effect}",
                     ),
                 )
-        disruption = condition(pod, POD_DISRUPTION_TARGET)
-        if (
-            disruption is not None
-            and is_true(disruption)
-            and disruption.get("reason") == POD_REASON_TAINT_MANAGER
-        ):
-            yield Cause.NODE_LOST, _condition_evidence(KIND_POD, pod, disruption)
+        if node in deleted_nodes and dig(pod, "status", "phase") != POD_FAILED:
+            yield (
+                Cause.NODE_LOST,
+                Evidence(
+                    kind=KIND_NODE,
+                    name=node,
+                    field="metadata",
+                    node=node,
+                    reason=REASON_NODE_DELETED,
+                    message=f"pod {name_of(pod)} is bound to node {node}, which was deleted",
+                ),
+            )
 
 
-def _container_causes(pods: Iterable[Mapping[str, Any]]) -> Iterator[_Found]:
+def _pod_causes(pods: Iterable[Mapping[str, Any]]) -> Iterator[_Found]:
+    """What the scheduler, the kubelet and the controllers wrote on the job's pods."""
     for pod in pods:
+        if dig(pod, "status", "phase") != POD_SUCCEEDED:
+            disruption = condition(pod, POD_DISRUPTION_TARGET)
+            if disruption is not None and is_true(disruption):
+                cause = reasons.disruption_cause(
+                    text(disruption.get("reason")), text(disruption.get("message"))
+                )
+                if cause is not None:
+                    yield cause, _condition_evidence(KIND_POD, pod, disruption)
+            yield from _pod_failure_causes(pod)
         scheduled = condition(pod, POD_SCHEDULED)
-        if (
-            scheduled is not None
-            and scheduled.get("status") == "False"
-            and scheduled.get("reason") == POD_REASON_UNSCHEDULABLE
-        ):
-            yield Cause.NO_CAPACITY, _condition_evidence(KIND_POD, pod, scheduled)
+        if scheduled is not None and is_false(scheduled):
+            cause = reasons.scheduling_cause(text(scheduled.get("reason")))
+            if cause is not None:
+                yield cause, _condition_evidence(KIND_POD, pod, scheduled)
         for status in _container_statuses(pod):
             yield from _one_container_causes(pod, status)
 
 
+def _pod_failure_causes(pod: Mapping[str, Any]) -> Iterator[_Found]:
+    """A pod the kubelet failed as a whole (refused at admission, evicted, shut down)."""
+    reason = text(dig(pod, "status", "reason"))
+    if dig(pod, "status", "phase") != POD_FAILED or not reason:
+        return
+    cause = reasons.pod_failure_cause(reason)
+    if cause is not None:
+        yield (
+            cause,
+            Evidence(
+                kind=KIND_POD,
+                name=name_of(pod),
+                field="status.reason",
+                status=POD_FAILED,
+                reason=reason,
+                message=text(dig(pod, "status", "message")),
+                node=dig(pod, "spec", "nodeName"),
+            ),
+        )
+
+
 def _one_container_causes(pod: Mapping[str, Any], status: Mapping[str, Any]) -> Iterator[_Found]:
-    container = str(status.get("name") or "")
+    container = text(status.get("name"))
     waiting = dig(status, "state", "waiting")
     if isinstance(waiting, Mapping):
-        reason = waiting.get("reason")
-        cause = (
-            Cause.IMAGE_PULL
-            if reason in WAITING_IMAGE_PULL
-            else Cause.CONFIG_ERROR
-            if reason in WAITING_CONFIG
-            else None
-        )
+        reason = text(waiting.get("reason"))
+        cause = reasons.waiting_cause(reason)
         if cause is not None:
             yield (
                 cause,
@@ -258,18 +261,19 @@ def _one_container_causes(pod: Mapping[str, Any], status: Mapping[str, Any]) -> 
                     name=name_of(pod),
                     field="status.containerStatuses.state.waiting",
                     container=container,
-                    reason=str(reason),
-                    message=str(waiting.get("message") or ""),
+                    reason=reason,
+                    message=text(waiting.get("message")),
                 ),
             )
     for terminated in _terminations(status):
         code = as_int(terminated.get("exitCode"))
-        reason = str(terminated.get("reason") or "")
-        if reason != TERMINATED_OOM and code == 0:
+        reason = text(terminated.get("reason"))
+        cause = reasons.terminated_cause(reason, code)
+        if cause is None:
             continue
         signal = as_int(terminated.get("signal")) or (code - 128 if code > 128 else 0)
         yield (
-            Cause.OUT_OF_MEMORY if reason == TERMINATED_OOM else Cause.PROGRAM_ERROR,
+            cause,
             Evidence(
                 kind=KIND_POD,
                 name=name_of(pod),
@@ -278,7 +282,7 @@ def _one_container_causes(pod: Mapping[str, Any], status: Mapping[str, Any]) -> 
                 exit_code=code,
                 signal=signal or None,
                 reason=reason,
-                message=str(terminated.get("message") or "")[:PUBLISH_MAX_BYTES],
+                message=text(terminated.get("message"))[:PUBLISH_MAX_BYTES],
                 node=dig(pod, "spec", "nodeName"),
             ),
         )
@@ -408,9 +412,9 @@ def derive(obs: JobObservation, *, loss_taints: frozenset[str]) -> DerivedStatus
     pods = current_pods(obs.pods, restart)
     found: list[_Found] = [
         *_workload_causes(obs.workload),
-        *_node_loss_causes(pods, obs.node_taints, loss_taints),
+        *_node_causes(pods, obs.node_taints, loss_taints, obs.deleted_nodes),
         *_trainjob_causes(obs.train_job),
-        *_container_causes(pods),
+        *_pod_causes(pods),
     ]
     cause, evidence = _pick(found)
     eviction, eviction_token = _eviction(obs.workload)
@@ -423,11 +427,13 @@ def derive(obs: JobObservation, *, loss_taints: frozenset[str]) -> DerivedStatus
         "eviction_token": eviction_token,
     }
     state, cause = _state(obs, pods, cause)
-    if not evidence or cause in (None, Cause.STOPPED, Cause.EVIDENCE_LOST):
+    # State Stopped is stop_job's; a queue stopped by an administrator keeps Kueue's evidence.
+    stop_job = state is State.STOPPED
+    if not evidence or stop_job or cause in (None, Cause.EVIDENCE_LOST):
         reason, message, evidence = _state_evidence(obs)
     else:
         reason, message = evidence[0].reason or "", evidence[0].message or ""
-    if cause is Cause.STOPPED:
+    if stop_job:
         reason, message = reason or "StopJob", message or "stop_job was called"
     elif cause is Cause.EVIDENCE_LOST:
         reason = "TrainJobVanished"
@@ -452,7 +458,8 @@ def _state(
         return State.SUCCEEDED, None
     if is_true(condition(tj, TRAINJOB_FAILED)):
         # A Failed TrainJob always names a cause: JobSet reasons (FailedJobs, ReachedMaxRestarts,
-        # FailJobSetFailurePolicyAction) mean a child Job failed, i.e. the program did.
+        # FailJobSetFailurePolicyAction) mean a child Job failed, i.e. the program did, unless a
+        # pod or the Workload says more (the reason table's TrainJob rows).
         return State.FAILED, cause or Cause.PROGRAM_ERROR
     if obs.stopped:
         return State.STOPPED, Cause.STOPPED

@@ -87,6 +87,8 @@ class JobObservation(BaseModel):
     pods: tuple[dict[str, Any], ...] = ()
     workload: dict[str, Any] | None = None
     node_taints: Mapping[str, tuple[Taint, ...]] = Field(default_factory=dict)
+    # Nodes the pods are bound to that no longer exist.
+    deleted_nodes: frozenset[str] = frozenset()
     stopped: bool = False
 
 

@@ -143,7 +143,13 @@ def trim(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
             ),
             "spec": _pick(spec, "nodeName"),
             "status": _pick(
-                status, "phase", "conditions", "containerStatuses", "initContainerStatuses"
+                status,
+                "phase",
+                "reason",
+                "message",
+                "conditions",
+                "containerStatuses",
+                "initContainerStatuses",
             ),
         }
     if kind == KIND_LEASE:
@@ -467,6 +473,8 @@ class _Index:
     workloads_by_owner: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, tuple[Taint, ...]] = field(default_factory=dict)
     keys_by_node: defaultdict[str, set[JobKey]] = field(default_factory=lambda: defaultdict(set))
+    # Deleted nodes that pods of a job are bound to (NodeLost for those jobs).
+    deleted_nodes: set[str] = field(default_factory=set)
 
     def job_keys(self) -> set[JobKey]:
         return set(self.train_jobs) | set(self.job_sets) | {k for k, v in self.pods.items() if v}
@@ -536,8 +544,14 @@ class _Index:
 
     def _node(self, change: Change) -> set[JobKey]:
         name = _name(change.obj)
-        taints = () if change.type == "DELETED" else node_taints(change.obj)
-        if self.nodes.get(name, ()) == taints:
+        deleted = change.type == "DELETED"
+        taints = () if deleted else node_taints(change.obj)
+        was_deleted = name in self.deleted_nodes
+        if deleted and self.keys_by_node.get(name):
+            self.deleted_nodes.add(name)
+        elif not deleted:
+            self.deleted_nodes.discard(name)
+        if self.nodes.get(name, ()) == taints and was_deleted == (name in self.deleted_nodes):
             return set()
         if taints:
             self.nodes[name] = taints
@@ -560,6 +574,7 @@ class _Index:
             pods=pods,
             workload=self.workloads_by_owner.get(uid) if uid else None,
             node_taints={n: self.nodes[n] for n in nodes if n and n in self.nodes},
+            deleted_nodes=frozenset(n for n in nodes if n in self.deleted_nodes),
             stopped=stopped,
         )
 
@@ -569,6 +584,7 @@ class _Index:
             self.pod_keys.pop(pod_name, None)
         for keys in self.keys_by_node.values():
             keys.discard(key)
+        self.deleted_nodes = {n for n in self.deleted_nodes if self.keys_by_node.get(n)}
 
 
 # --------------------------------------------------------------------------------------------

@@ -176,6 +176,83 @@ def test_node_lost_from_taint_manager_deletion() -> None:
     assert st.message == "Taint manager: deleting due to NoExecute taint"
 
 
+@pytest.mark.parametrize(
+    ("reason", "message", "cause"),
+    [
+        ("DeletionByPodGC", "PodGC: node no longer exists", Cause.NODE_LOST),
+        ("DeletionByDeviceTaintManager", "Device Taint manager: deleting", Cause.NODE_LOST),
+        ("TerminationByKubelet", "The node was low on resource: memory.", Cause.NODE_LOST),
+        (
+            "TerminationByKubelet",
+            "Pod was terminated in response to imminent node shutdown.",
+            Cause.NODE_LOST,
+        ),
+        (
+            "TerminationByKubelet",
+            "Pod was preempted by Kubelet to accommodate a critical pod.",
+            Cause.PREEMPTED,
+        ),
+        ("PreemptionByScheduler", "default-scheduler: preempting", Cause.PREEMPTED),
+        ("EvictionByEvictionAPI", "Eviction API: evicting", Cause.PREEMPTED),
+    ],
+)
+def test_cause_from_a_pods_disruption_target(reason: str, message: str, cause: Cause) -> None:
+    """A rank killed by a signal because something disrupted it is not the program's fault."""
+    tj = trainjob(cond("Failed", reason="FailedJobs", message="jobset failed"))
+    target = cond("DisruptionTarget", reason=reason, message=message)
+    killed = pod(phase="Failed", conditions=[target], containers=[terminated(143, "Error")])
+    st = status_of(train_job=tj, pods=(killed,))
+    assert (st.state, st.cause, st.reason, st.message) == (State.FAILED, cause, reason, message)
+
+
+def test_a_disruption_target_that_is_false_is_no_cause() -> None:
+    target = cond("DisruptionTarget", "False", reason="EvictionByEvictionAPI")
+    assert status_of(pods=(pod(conditions=[target]),)).cause is None
+
+
+def kubelet_refused(reason: str, message: str) -> dict[str, Any]:
+    refused = pod(phase="Failed")
+    refused["status"].update(reason=reason, message=message)
+    return refused
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        ("UnexpectedAdmissionError", Cause.NODE_LOST),
+        ("Evicted", Cause.NODE_LOST),
+        ("Terminated", Cause.NODE_LOST),
+        ("OutOfnvidia.com/gpu", Cause.NO_CAPACITY),
+        ("SysctlForbidden", Cause.CONFIG_ERROR),
+        ("Preempting", Cause.PREEMPTED),
+    ],
+)
+def test_cause_from_a_pod_the_kubelet_failed(reason: str, cause: Cause) -> None:
+    message = "Pod was rejected: Allocate failed due to ..., which is unexpected"
+    tj = trainjob(cond("Failed", reason="FailedJobs", message="jobset failed"))
+    st = status_of(train_job=tj, pods=(kubelet_refused(reason, message),))
+    assert (st.state, st.cause, st.reason, st.message) == (State.FAILED, cause, reason, message)
+    assert (st.evidence[0].kind, st.evidence[0].field, st.evidence[0].node) == (
+        "Pod",
+        "status.reason",
+        "n1",
+    )
+
+
+def test_node_lost_when_the_node_of_a_running_rank_is_deleted() -> None:
+    st = status_of(pods=(pod(node="n1"),), deleted_nodes=frozenset({"n1"}))
+    assert (st.state, st.cause, st.reason) == (State.RUNNING, Cause.NODE_LOST, "NodeDeleted")
+    assert (st.evidence[0].kind, st.evidence[0].name, st.evidence[0].node) == ("Node", "n1", "n1")
+
+
+def test_a_deleted_node_under_a_finished_rank_is_no_cause() -> None:
+    done = pod(phase="Succeeded", containers=[terminated(0, "Completed")])
+    failed = pod("b", phase="Failed", containers=[terminated(3)])
+    assert status_of(pods=(done,), deleted_nodes=frozenset({"n1"})).cause is None
+    st = status_of(pods=(failed,), deleted_nodes=frozenset({"n1"}))
+    assert st.cause is Cause.PROGRAM_ERROR
+
+
 def test_node_lost_from_workload_evicted_node_failures() -> None:
     st = status_of(
         workload=workload(cond("Evicted", reason="NodeFailures", message="nodes failed"))
@@ -189,6 +266,15 @@ def test_out_of_memory_from_oomkilled() -> None:
     assert st.cause is Cause.OUT_OF_MEMORY
     assert st.evidence[0].container == "node"
     assert st.evidence[0].exit_code == 137
+
+
+def test_oom_killed_with_exit_code_zero_is_no_cause() -> None:
+    """kubernetes/kubernetes#116042: OOMKilled is reported for containers that exited 0."""
+    spared = pod("a", phase="Succeeded", containers=[terminated(0, "OOMKilled")])
+    st = status_of(pods=(spared, pod("b")))
+    assert (st.state, st.cause) == (State.RUNNING, None)
+    st = status_of(pods=(spared, pod("b", phase="Failed", containers=[terminated(1)])))
+    assert st.cause is Cause.PROGRAM_ERROR
 
 
 def test_timeout_from_trainjob_deadline_exceeded() -> None:
@@ -220,8 +306,11 @@ def test_timeout_from_workload_deactivated_for_max_execution_time() -> None:
     assert st.reason == "Deactivated"
 
 
-@pytest.mark.parametrize("reason", ["Inadmissible", "ExceedsMaxQuota", "NoMatchingFlavor"])
+@pytest.mark.parametrize(
+    "reason", ["WaitingForQuota", "ExceedsMaxQuota", "NoMatchingFlavor", "TopologyPlacementFailed"]
+)
 def test_no_capacity_from_quota_not_reserved(reason: str) -> None:
+    """The granular reasons of UnadmittedWorkloadsObservability for a job that does not fit."""
     wl = workload(cond("QuotaReserved", "False", reason, "couldn't assign flavors"))
     st = status_of(workload=wl, train_job=trainjob(suspend=True))
     assert (st.state, st.cause, st.reason) == (State.PENDING, Cause.NO_CAPACITY, reason)
@@ -257,7 +346,6 @@ def test_no_capacity_from_kueue_default_reason_pending() -> None:
         NO_FIT + ". Preempting 1 workload(s) failed, will retry.",
         # Kueue releases an evicted Workload's quota with reason Pending and the eviction message.
         "Preempted to accommodate a workload (UID: 1234) due to prioritization in the ClusterQueue",
-        "ClusterQueue cq is inactive",
     ],
 )
 def test_reason_pending_without_a_no_fit_verdict_is_not_no_capacity(message: str) -> None:
@@ -266,10 +354,68 @@ def test_reason_pending_without_a_no_fit_verdict_is_not_no_capacity(message: str
     assert (st.state, st.cause, st.reason, st.message) == (State.PENDING, None, "Pending", message)
 
 
-def test_waiting_for_quota_is_not_no_capacity() -> None:
-    wl = workload(cond("QuotaReserved", "False", "WaitingForQuota", "waiting"))
+@pytest.mark.parametrize(
+    "reason", ["WaitingForPreemptedWorkloads", "PendingEvaluation", "WaitingForPodsReady"]
+)
+def test_waiting_for_the_scheduler_or_for_preemptions_is_not_no_capacity(reason: str) -> None:
+    wl = workload(cond("QuotaReserved", "False", reason, "waiting"))
     st = status_of(workload=wl, train_job=trainjob(suspend=True))
-    assert (st.state, st.cause, st.reason) == (State.PENDING, None, "WaitingForQuota")
+    assert (st.state, st.cause, st.reason) == (State.PENDING, None, reason)
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("Inadmissible", "LocalQueue team-lq doesn't exist"),
+        ("Misconfigured", "LocalQueue team-lq doesn't exist"),
+        ("Inadmissible", "ClusterQueue team-cq is terminating or missing"),
+        ("Pending", "ClusterQueue team-cq not found"),
+        ("Pending", "workload namespace doesn't match ClusterQueue selector"),
+    ],
+)
+def test_config_error_from_a_queue_that_does_not_exist_or_admit(reason: str, message: str) -> None:
+    """Inadmissible is Kueue's gate-off word for Misconfigured (or Suspended), never NoCapacity."""
+    wl = workload(cond("QuotaReserved", "False", reason, message))
+    st = status_of(workload=wl, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason, st.message) == (
+        State.PENDING,
+        Cause.CONFIG_ERROR,
+        reason,
+        message,
+    )
+    assert [(e.kind, e.type) for e in st.evidence] == [("Workload", "QuotaReserved")]
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("Inadmissible", "LocalQueue team-lq is inactive"),
+        ("Suspended", "LocalQueue team-lq is inactive"),
+        ("Inadmissible", "ClusterQueue team-cq is stopped"),
+    ],
+)
+def test_stopped_from_a_stopped_queue_while_pending(reason: str, message: str) -> None:
+    wl = workload(cond("QuotaReserved", "False", reason, message))
+    st = status_of(workload=wl, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason, st.message) == (
+        State.PENDING,
+        Cause.STOPPED,
+        reason,
+        message,
+    )
+
+
+def test_an_inactive_cluster_queue_is_a_config_error_unless_a_stop_evicted_the_job() -> None:
+    inactive = cond("QuotaReserved", "False", "Inadmissible", "ClusterQueue team-cq is inactive")
+    st = status_of(workload=workload(inactive), train_job=trainjob(suspend=True))
+    assert st.cause is Cause.CONFIG_ERROR
+    drained = workload(
+        cond("Evicted", reason="ClusterQueueStopped", message="The ClusterQueue is stopped"),
+        inactive,
+    )
+    st = status_of(workload=drained, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason) == (State.PENDING, Cause.STOPPED, "ClusterQueueStopped")
+    assert [e.type for e in st.evidence] == ["Evicted", "QuotaReserved"]
 
 
 def test_no_capacity_from_unschedulable_pods() -> None:
@@ -280,6 +426,59 @@ def test_no_capacity_from_unschedulable_pods() -> None:
         Cause.NO_CAPACITY,
         "0/3 nodes are available",
     )
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("ClusterQueueStopped", "The ClusterQueue is stopped"),
+        ("LocalQueueStopped", "The LocalQueue is stopped"),
+    ],
+)
+def test_stopped_from_a_queue_stopped_under_the_job(reason: str, message: str) -> None:
+    st = status_of(
+        workload=workload(ADMITTED, cond("Evicted", reason=reason, message=message, t=T1)),
+        pods=(pod(),),
+    )
+    assert (st.cause, st.reason, st.message) == (Cause.STOPPED, reason, message)
+    assert st.evidence[0].kind == "Workload"
+    assert not st.finished  # Kueue requeues it once the queue is resumed
+
+
+def test_stopped_from_a_person_deactivating_the_workload() -> None:
+    wl = workload(
+        cond("Evicted", reason="Deactivated", message="The workload is deactivated"),
+        active=False,
+    )
+    st = status_of(workload=wl, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason) == (State.FAILED, Cause.STOPPED, "Deactivated")
+    assert st.evidence[0].kind == "Workload"
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        ("DeactivatedDueToMaximumExecutionTimeExceeded", Cause.TIMEOUT),
+        ("DeactivatedDueToRequeuingLimitExceeded", Cause.PODS_READY_TIMEOUT),
+        ("DeactivatedDueToAdmissionCheck", Cause.ADMISSION_REJECTED),
+    ],
+)
+def test_deactivation_with_its_cause_in_the_reason(reason: str, cause: Cause) -> None:
+    """Kueue v0.19 names the underlying cause in the reason: Deactivated + DueTo + cause."""
+    wl = workload(
+        cond("Evicted", reason=reason, message="The workload is deactivated due to ..."),
+        active=False,
+    )
+    st = status_of(workload=wl, train_job=trainjob(suspend=True))
+    assert (st.state, st.cause, st.reason) == (State.FAILED, cause, reason)
+
+
+def test_preempted_when_an_admission_check_revokes_its_capacity() -> None:
+    message = "Evicted due to AdmissionCheck in Retry state: prov-req: capacity revoked"
+    st = status_of(
+        workload=workload(ADMITTED, cond("Evicted", reason="AdmissionCheck", message=message, t=T1))
+    )
+    assert (st.cause, st.reason, st.message) == (Cause.PREEMPTED, "AdmissionCheck", message)
 
 
 def test_pods_ready_timeout_from_workload_evicted() -> None:
@@ -316,7 +515,16 @@ def test_admission_rejected_from_deactivation_for_a_rejected_check() -> None:
     assert (st.state, st.cause) == (State.FAILED, Cause.ADMISSION_REJECTED)
 
 
-@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName"])
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "ImageInspectError",
+    ],
+)
 def test_image_pull(reason: str) -> None:
     st = status_of(pods=(pod(phase="Pending", containers=[waiting(reason, "pull failed")]),))
     assert (st.state, st.cause, st.reason, st.message) == (

@@ -189,6 +189,32 @@ def test_index_routes_node_changes_to_the_jobs_with_pods_there() -> None:
     assert [t.key for t in observed.node_taints["n1"]] == ["node.kubernetes.io/unreachable"]
 
 
+def test_index_tells_the_jobs_on_a_deleted_node_and_forgets_it_when_it_returns() -> None:
+    index = _Index()
+    pod = {**obj("p", "1", job="j"), "spec": {"nodeName": "n1"}}
+    index.apply(Change(KIND_POD, "ADDED", trim(KIND_POD, pod)))
+    node = {"metadata": {"name": "n1"}, "spec": {}}
+    assert index.apply(Change(KIND_NODE, "ADDED", node)) == set()
+    assert index.apply(Change(KIND_NODE, "DELETED", node)) == {("j", 1)}
+    assert index.observation(("j", 1), stopped=False).deleted_nodes == {"n1"}
+    # A node nobody's pods are on is not remembered.
+    assert index.apply(Change(KIND_NODE, "DELETED", {"metadata": {"name": "n2"}})) == set()
+    assert index.apply(Change(KIND_NODE, "ADDED", node)) == {("j", 1)}
+    assert index.observation(("j", 1), stopped=False).deleted_nodes == frozenset()
+
+
+def test_trimmed_pods_keep_the_reason_the_kubelet_failed_them_with() -> None:
+    pod = {
+        **obj("p", "1"),
+        "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": "m"},
+    }
+    assert trim(KIND_POD, pod)["status"] == {
+        "phase": "Failed",
+        "reason": "UnexpectedAdmissionError",
+        "message": "m",
+    }
+
+
 def test_index_matches_workloads_by_owner_uid_and_keeps_deleted_pods_as_evidence() -> None:
     index = _Index()
     tj = obj("j-1", "1", job="j")
