@@ -376,9 +376,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # argparse cannot pass options through a subcommand untouched, so the controller's own
         # parser gets them directly.
         return run_admission(argparse.Namespace(arguments=arguments[1:]))
-    args = build_parser().parse_args(arguments)
-    handler: Handler = args.handler
     try:
+        # Building the parser imports the operator's modules (for run's options): a fault there
+        # is an internal error too.
+        args = build_parser().parse_args(arguments)
+        handler: Handler = args.handler
         return handler(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
