@@ -1,19 +1,30 @@
 """The one model of a coordination.k8s.io Lease, for the elector that writes it and the
-heartbeat that reads it.
+heartbeat that reads it, and ``ApiLeaseStore``, the reads and writes of one Lease over the API.
 
 A holder is alive while ``now < renewTime + leaseDurationSeconds (+ a skew allowance)``; an
-empty ``holderIdentity`` means the Lease was released.
+empty ``holderIdentity`` means the Lease was released. Every write the store makes carries the
+resourceVersion it was read at, so two writers racing on one Lease cannot both win: the second
+gets ``LeaseConflict``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
+from kubernetes_asyncio import client
 from pydantic import BaseModel, ConfigDict
 
 from dispatch_kubeflow.clock import format_micro_time, parse_time
+from dispatch_kubeflow.constants import KIND_LEASE, LEASE_GROUP, LEASE_VERSION, LEASES
+from dispatch_kubeflow.errors import DispatchError
+from dispatch_kubeflow.kube.apierrors import (
+    REQUEST_ERRORS,
+    is_conflict,
+    is_not_found,
+    to_dispatch_error,
+)
 from dispatch_kubeflow.kube.objects import as_int, dig, name_of, namespace_of, text
 
 
@@ -78,3 +89,106 @@ class Lease(BaseModel):
         if self.renew_time is not None:
             spec["renewTime"] = format_micro_time(self.renew_time)
         return spec
+
+
+class LeaseConflict(Exception):
+    """Someone else wrote the Lease since it was read (HTTP 409)."""
+
+
+class LeaseStore(Protocol):
+    """Reads and writes one Lease.
+
+    ``update`` carries the given Lease's resourceVersion; a write that lost a race raises
+    ``LeaseConflict``, any other failure the error family (``DispatchError``).
+    """
+
+    async def get(self) -> Lease | None: ...
+
+    async def create(self, lease: Lease) -> Lease: ...
+
+    async def update(self, lease: Lease) -> Lease: ...
+
+
+class ApiLeaseStore:
+    """A ``LeaseStore`` over the Kubernetes API, for the Lease ``namespace/name``."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str,
+        request_timeout: float = 10.0,
+    ) -> None:
+        self._objects = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.name = name
+        self._timeout = request_timeout
+
+    async def get(self) -> Lease | None:
+        try:
+            found = await self._objects.get_namespaced_custom_object(
+                LEASE_GROUP,
+                LEASE_VERSION,
+                self.namespace,
+                LEASES,
+                self.name,
+                _request_timeout=self._timeout,
+            )
+        except REQUEST_ERRORS as error:
+            if is_not_found(error):
+                return None
+            raise self._failure("get", error) from error
+        return Lease.from_object(found)
+
+    async def create(self, lease: Lease) -> Lease:
+        try:
+            created = await self._objects.create_namespaced_custom_object(
+                LEASE_GROUP,
+                LEASE_VERSION,
+                self.namespace,
+                LEASES,
+                self._body(lease, resource_version=None),
+                _request_timeout=self._timeout,
+            )
+        except REQUEST_ERRORS as error:
+            if is_conflict(error):
+                raise LeaseConflict(f"Lease {self._where} already exists") from error
+            raise self._failure("create", error) from error
+        return Lease.from_object(created)
+
+    async def update(self, lease: Lease) -> Lease:
+        try:
+            replaced = await self._objects.replace_namespaced_custom_object(
+                LEASE_GROUP,
+                LEASE_VERSION,
+                self.namespace,
+                LEASES,
+                self.name,
+                self._body(lease, resource_version=lease.resource_version),
+                _request_timeout=self._timeout,
+            )
+        except REQUEST_ERRORS as error:
+            if is_conflict(error):
+                raise LeaseConflict(
+                    f"Lease {self._where} changed since resourceVersion {lease.resource_version}"
+                ) from error
+            raise self._failure("update", error) from error
+        return Lease.from_object(replaced)
+
+    @property
+    def _where(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def _body(self, lease: Lease, *, resource_version: str | None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        return {
+            "apiVersion": f"{LEASE_GROUP}/{LEASE_VERSION}",
+            "kind": KIND_LEASE,
+            "metadata": metadata,
+            "spec": lease.to_spec(),
+        }
+
+    def _failure(self, verb: str, error: BaseException) -> DispatchError:
+        return to_dispatch_error(f"{verb} Lease {self._where}", error, verb=verb, resource=LEASES)
