@@ -23,7 +23,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 from pydantic import BaseModel, ConfigDict, SkipValidation
 
-from dispatch_kubeflow.admission import eviction_count
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
@@ -59,6 +58,7 @@ from dispatch_kubeflow.errors import (
 )
 from dispatch_kubeflow.events import DerivedStatus, DispatchEvent, JobObservation, Taint
 from dispatch_kubeflow.kube.connection import ApiClientWithTimeouts, connect
+from dispatch_kubeflow.kube.workloads import eviction_count
 from dispatch_kubeflow.reporting import ReportStore
 from dispatch_kubeflow.runtimes import check_runtime, describe
 from dispatch_kubeflow.settings import Declarations, RuntimeRef, Settings, parse_settings

@@ -10,16 +10,23 @@ never a verdict on the input), 130 interrupted. Every failure is one line on sta
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import yaml
 
 from dispatch_kubeflow.constants import API_VERSION, KUBEFLOW_ADAPTER_KIND
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
 from dispatch_kubeflow.schema import schema_bytes
 from dispatch_kubeflow.settings import (
     InvalidSettings,
@@ -39,6 +46,8 @@ EXIT_INTERRUPTED: Final = 130
 PROG: Final = "dispatch-kubeflow"
 
 if TYPE_CHECKING:
+    from dispatch_kubeflow.kube.leaderelection import ElectionTiming
+
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -331,21 +340,102 @@ def run_operator(args: argparse.Namespace) -> int:
 
 
 def add_admission_command(commands: SubParsers) -> None:
-    # The controller owns its flags; this subcommand hands them over untouched, so that
-    # `dispatch-kubeflow admission --help` shows the controller's own usage.
     parser = commands.add_parser(
         "admission",
         help="run dispatch-admission, the Kueue admission-check controller of the readmission gate",
-        add_help=False,
+        description="Run the Kueue admission-check controller that holds dispatch's "
+        "readmission gate.",
     )
-    parser.add_argument("arguments", nargs=argparse.REMAINDER)
+    parser.add_argument(
+        "--settings",
+        type=Path,
+        required=True,
+        help="a settings JSON document, or a KubeflowAdapter manifest",
+    )
+    parser.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or None,
+        help="this replica's Lease holder identity (default: $POD_NAME, else host name + UUID)",
+    )
+    # Unset flags take ElectionTiming's defaults, so the defaults live in one place.
+    parser.add_argument(
+        "--lease-duration",
+        type=_seconds,
+        help="seconds a Lease lasts without renewal (default 15)",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=_seconds,
+        help="seconds the leader keeps trying to renew before it stops deciding (default 10)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=_seconds,
+        help="seconds between attempts to take or renew the Lease (default 2)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
     parser.set_defaults(handler=run_admission)
 
 
-def run_admission(args: argparse.Namespace) -> int:
-    from dispatch_kubeflow.admission import main as admission_main
+def _seconds(value: str) -> timedelta:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be above zero")
+    return timedelta(seconds=seconds)
 
-    return admission_main(args.arguments)
+
+def load_settings_file(path: Path) -> Settings:
+    """The settings in a file that ``validate`` accepts: a settings document or a manifest."""
+    return load_settings_or_manifest(path.read_bytes())
+
+
+def run_admission(args: argparse.Namespace) -> int:
+    """Run one replica until SIGTERM or SIGINT; exit 2 for bad settings or flags, 1 when the
+    cluster cannot be reached."""
+    # Imported here: the other commands need no API client.
+    from dispatch_kubeflow.admission.controller import AdmissionConfig
+    from dispatch_kubeflow.kube.leaderelection import ElectionTiming
+
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    flags = {
+        "lease_duration": args.lease_duration,
+        "renew_deadline": args.renew_deadline,
+        "retry_period": args.retry_period,
+    }
+    try:
+        settings = load_settings_file(args.settings)
+        timing = ElectionTiming(**{k: v for k, v in flags.items() if v is not None})
+        AdmissionConfig.from_settings(settings, identity=args.identity, timing=timing)
+    except (OSError, ErrInvalid, ValueError) as exc:
+        report(f"{PROG} admission: {args.settings}: {exc}")
+        return EXIT_USAGE
+    try:
+        asyncio.run(_admit_until_signalled(settings, args.identity, timing))
+    except ErrUnsupported as exc:
+        report(f"{PROG} admission: {exc}")
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+async def _admit_until_signalled(
+    settings: Settings, identity: str | None, timing: ElectionTiming
+) -> None:
+    from dispatch_kubeflow.admission.controller import run_admission as run_replica
+
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if task is not None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await run_replica(settings, identity=identity, timing=timing)
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -372,10 +462,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["admission"]:
-        # argparse cannot pass options through a subcommand untouched, so the controller's own
-        # parser gets them directly.
-        return run_admission(argparse.Namespace(arguments=arguments[1:]))
     try:
         # Building the parser imports the operator's modules (for run's options): a fault there
         # is an internal error too.

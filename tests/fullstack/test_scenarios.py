@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from dispatch_kubeflow.adapter import AdapterConfig
-from dispatch_kubeflow.admission import run_admission
+from dispatch_kubeflow.admission.controller import run_admission
 from dispatch_kubeflow.constants import Cause, EventType, State
 from dispatch_kubeflow.settings import parse_settings
 from tests.cluster.controlplane import ControlPlane

@@ -19,21 +19,21 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dispatch_kubeflow.admission import (
-    APPLY_PATCH,
-    AdmissionConfig,
-    AdmissionController,
-    check_entry,
-)
+from dispatch_kubeflow.admission.controller import AdmissionConfig, AdmissionController
 from dispatch_kubeflow.constants import (
     ADMISSION_CHECKS,
     ADMISSION_CONTROLLER_NAME,
     ADMISSION_FIELD_MANAGER,
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
+    APPLY_PATCH,
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_JOB,
+    LEASE_GROUP,
+    LEASE_VERSION,
+    LEASES,
+    MERGE_PATCH,
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
@@ -41,14 +41,11 @@ from dispatch_kubeflow.constants import (
     CheckState,
     EventType,
 )
-from dispatch_kubeflow.leader import (
-    LEASE_GROUP,
-    LEASE_VERSION,
-    LEASES,
-    ApiLeaseStore,
-    ElectionTiming,
-    LeaderElector,
-)
+from dispatch_kubeflow.errors import DispatchError
+from dispatch_kubeflow.kube.leaderelection import ElectionTiming, LeaderElector
+from dispatch_kubeflow.kube.leases import ApiLeaseStore, Lease, LeaseConflict
+from dispatch_kubeflow.kube.objects import key_of
+from dispatch_kubeflow.kube.workloads import check_entry
 from dispatch_kubeflow.lease import DEFAULT_SKEW
 from dispatch_kubeflow.settings import parse_settings_object
 from dispatch_kubeflow.watching import Supervisor
@@ -63,7 +60,6 @@ KUEUE_MANAGER = "kueue-admission"
 OTHER_MANAGER = "example.com/provisioning"
 OTHER_CHECK = "provisioning"
 LEASE = "dispatch-admission"
-MERGE_PATCH = "application/merge-patch+json"
 
 
 def now() -> str:
@@ -523,13 +519,13 @@ async def test_two_replicas_that_both_believe_they_lead_cannot_decide_one_admiss
     replicas = [scene.controller("a"), scene.controller("b")]
     for replica in replicas:
         replica.elector = _AlwaysLeader(replica.elector)
-        replica.workloads.objects[name] = workload
+        replica.workloads.cache[key_of(workload)] = workload
     readmitted = {**trainjob, "metadata": {**trainjob["metadata"]}}
     readmitted["metadata"]["annotations"] = {ANNOTATION_READMIT: "1"}
     rejected = {**trainjob, "metadata": {**trainjob["metadata"]}}
     rejected["metadata"]["annotations"] = {ANNOTATION_REJECT: "changed my mind"}
-    replicas[0].trainjobs.objects["job-1"] = readmitted
-    replicas[1].trainjobs.objects["job-1"] = rejected
+    replicas[0].trainjobs.cache[key_of(trainjob)] = readmitted
+    replicas[1].trainjobs.cache[key_of(trainjob)] = rejected
 
     await asyncio.gather(*(r._reconcile_workload(name) for r in replicas))
 
@@ -590,6 +586,41 @@ async def test_a_released_lease_is_taken_over_at_the_next_retry(scene: Scene) ->
     assert took_over < FAST.lease_duration.total_seconds()
 
 
+# The Lease store the elector writes through.
+
+
+async def test_the_lease_store_reads_writes_and_refuses_a_stale_or_second_writer(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    store = ApiLeaseStore(kube_api, namespace, LEASE, 5.0)
+    assert await store.get() is None
+
+    renewed = datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+    wanted = Lease(holder_identity="a", lease_duration_seconds=2, renew_time=renewed)
+    created = await store.create(wanted)
+    assert created.same_election_state(wanted)
+    assert created.resource_version
+    with pytest.raises(LeaseConflict):
+        await store.create(wanted)
+
+    taken = wanted.model_copy(
+        update={"holder_identity": "b", "resource_version": created.resource_version}
+    )
+    updated = await store.update(taken)
+    assert await store.get() == updated
+    assert updated.holder_identity == "b"
+    with pytest.raises(LeaseConflict):
+        await store.update(taken)  # the resourceVersion it carries is stale now
+
+
+async def test_the_lease_store_raises_other_failures_as_the_error_family(
+    kube_api: client.ApiClient,
+) -> None:
+    store = ApiLeaseStore(kube_api, "Not-A-Namespace", LEASE, 5.0)
+    with pytest.raises(DispatchError):
+        await store.create(Lease(holder_identity="a", lease_duration_seconds=2))
+
+
 # Helpers over the controllers.
 
 
@@ -617,7 +648,7 @@ async def _holder_is(scene: Scene, identity: str) -> bool:
 
 
 async def _trainjob_seen(controller: AdmissionController, key: str, value: str) -> bool:
-    job = controller.trainjobs.objects.get("job-1") or {}
+    job = controller.trainjobs.get("job-1", controller.cfg.namespace) or {}
     return bool((job.get("metadata", {}).get("annotations") or {}).get(key) == value)
 
 

@@ -22,12 +22,12 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     CheckState,
 )
+from dispatch_kubeflow.kube.workloads import check_entry
 from tests.integration.rbac import user_with_rules
 from tests.integration.test_admission import (
     OTHER_CHECK,
     Scene,
     _holder_is,
-    check_entry,
     eventually,
     managed_by,
     running,

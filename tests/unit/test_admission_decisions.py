@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch_kubeflow import admission
-from dispatch_kubeflow.admission import (
-    AdmissionConfig,
+from dispatch_kubeflow.admission.controller import AdmissionConfig
+from dispatch_kubeflow.admission.decisions import (
     Decision,
     active_apply_body,
     decide,
-    eviction_count,
-    owner_trainjob,
     workload_apply_body,
 )
 from dispatch_kubeflow.constants import (
@@ -30,6 +24,7 @@ from dispatch_kubeflow.constants import (
     CheckState,
 )
 from dispatch_kubeflow.errors import ErrInvalid
+from dispatch_kubeflow.kube.workloads import eviction_count, owner_trainjob
 from dispatch_kubeflow.settings import parse_settings_object
 
 CHECK = "dispatch-admission"
@@ -334,7 +329,7 @@ def test_a_new_generation_refreshes_active_without_moving_its_transition_time() 
     assert body["status"]["conditions"][0]["observedGeneration"] == 3
 
 
-# Configuration and entry point.
+# Configuration.
 
 SETTINGS = {
     "namespace": "team-a",
@@ -363,49 +358,3 @@ def test_settings_without_an_admission_check_are_refused() -> None:
     plain = {k: v for k, v in SETTINGS.items() if k != "kueue"}
     with pytest.raises(ErrInvalid, match=r"kueue\.admissionCheck"):
         AdmissionConfig.from_settings(parse_settings_object(plain))
-
-
-def test_settings_load_from_json_or_a_kubeflow_adapter_manifest(tmp_path: Path) -> None:
-    as_json = tmp_path / "settings.json"
-    as_json.write_text(json.dumps(SETTINGS))
-    manifest = tmp_path / "adapter.yaml"
-    manifest.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "dispatch.phpboyscout.uk/v1alpha1",
-                "kind": "KubeflowAdapter",
-                "metadata": {"name": "a"},
-                "spec": SETTINGS,
-            }
-        )
-    )
-    assert admission.load_settings(as_json) == admission.load_settings(manifest)
-
-
-def test_main_refuses_bad_settings_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    bad = tmp_path / "settings.json"
-    bad.write_text(json_dump({**SETTINGS, "namespace": "Not A Label"}))
-    assert admission.main(["--settings", str(bad)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "/namespace" in err
-
-
-def test_main_refuses_disordered_election_timing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    good = tmp_path / "settings.json"
-    good.write_text(json_dump(SETTINGS))
-    assert admission.main(["--settings", str(good), "--lease-duration", "5"]) == 2
-    assert "lease duration" in capsys.readouterr().err
-
-
-def json_dump(value: Any) -> str:
-    return json.dumps(value)
-
-
-def test_timing_flags_are_seconds() -> None:
-    args = admission.build_parser().parse_args(["--settings", "x", "--retry-period", "0.2"])
-    assert args.retry_period == timedelta(seconds=0.2)

@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dispatch_kubeflow import cli
 from dispatch_kubeflow.cli import EXIT_INTERNAL, EXIT_USAGE, MAX_INPUT_BYTES, main
@@ -333,12 +335,33 @@ class TestUsage:
         assert "cannot read" in err
 
 
+ADMISSION_SETTINGS: dict[str, Any] = {
+    "namespace": "team-a",
+    "probeRuntime": {"kind": "ClusterTrainingRuntime", "name": "torch"},
+    "kueue": {
+        "localQueue": "lq",
+        "admissionCheck": "dispatch-admission",
+        "admissionLease": {"namespace": "dispatch-system", "name": "gate"},
+    },
+}
+
+
 class TestAdmission:
-    def test_hands_its_options_to_the_controller(self, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_prints_its_own_usage(self, capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as exited:
             main(["admission", "--help"])
         assert exited.value.code == 0
         assert capsys.readouterr().out.startswith("usage: dispatch-kubeflow admission")
+
+    def test_the_module_is_the_same_command(self) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "dispatch_kubeflow.admission", "--help"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("usage: dispatch-kubeflow admission")
 
     def test_refuses_unreadable_settings_with_one_line(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -348,6 +371,46 @@ class TestAdmission:
         error = capsys.readouterr().err.strip()
         assert str(missing) in error
         assert "\n" not in error
+
+    def test_settings_load_from_json_or_a_kubeflow_adapter_manifest(self, tmp_path: Path) -> None:
+        as_json = tmp_path / "settings.json"
+        as_json.write_text(json.dumps(ADMISSION_SETTINGS))
+        manifest = tmp_path / "adapter.yaml"
+        manifest.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "dispatch.phpboyscout.uk/v1alpha1",
+                    "kind": "KubeflowAdapter",
+                    "metadata": {"name": "a"},
+                    "spec": ADMISSION_SETTINGS,
+                }
+            )
+        )
+        assert cli.load_settings_file(as_json) == cli.load_settings_file(manifest)
+
+    def test_refuses_bad_settings_in_one_line(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        bad = tmp_path / "settings.json"
+        bad.write_text(json.dumps({**ADMISSION_SETTINGS, "namespace": "Not A Label"}))
+        assert main(["admission", "--settings", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert "/namespace" in err
+
+    def test_refuses_disordered_election_timing(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        good = tmp_path / "settings.json"
+        good.write_text(json.dumps(ADMISSION_SETTINGS))
+        assert main(["admission", "--settings", str(good), "--lease-duration", "5"]) == 2
+        assert "lease duration" in capsys.readouterr().err
+
+    def test_timing_flags_are_seconds(self) -> None:
+        args = cli.build_parser().parse_args(
+            ["admission", "--settings", "x", "--retry-period", "0.2"]
+        )
+        assert args.retry_period == timedelta(seconds=0.2)
 
 
 def alias_bomb(levels: int) -> str:

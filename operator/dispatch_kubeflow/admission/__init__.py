@@ -1,0 +1,12 @@
+"""dispatch-admission: the Kueue admission-check controller that holds the readmission gate.
+
+Kueue evicts a Workload (preemption, node failure, pods-ready timeout) and, left alone, admits it
+again as soon as quota allows. Dispatch wants to decide that itself: an evicted job may be retried,
+moved, or given up. Kueue's two-phase admission gives it the hook. A ClusterQueue that lists our
+AdmissionCheck admits nothing until this controller marks the check ``Ready`` on the Workload.
+
+``decisions`` holds the rules, as pure functions of a Workload and its TrainJob; ``controller``
+runs one replica (informers, leader election on ``kube.leaderelection``, the writes). The command
+line (``dispatch-kubeflow admission``, or ``python -m dispatch_kubeflow.admission``) is in
+``dispatch_kubeflow.cli``.
+"""
