@@ -12,7 +12,7 @@ import pytest
 
 from dispatch_kubeflow.cli import build_parser
 from dispatch_kubeflow.constants import FINALIZER, GROUP
-from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, ProbeError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.handlers.adapters import (
     heartbeat_status,
@@ -84,12 +84,26 @@ def test_kueue_mode_with_a_check_has_a_gate_and_awaits_the_heartbeat() -> None:
     assert by_type(patch)["AdmissionHealthy"] == ("Unknown", "AwaitingHeartbeat")
 
 
-def test_a_failed_preflight_probe_is_connected_but_not_probed() -> None:
-    error = ErrUnsupported("preflight probe: Trainer v2.1 has no runtimePatches")
+@pytest.mark.parametrize(
+    "error",
+    [
+        ProbeError("Trainer v2.1 has no runtimePatches"),
+        ErrUnsupported("preflight probe: Trainer v2.1 has no runtimePatches"),
+    ],
+    ids=["ProbeError", "ErrUnsupported-with-prefix"],
+)
+def test_a_failed_preflight_probe_is_connected_but_not_probed(error: Exception) -> None:
     conditions = by_type(open_failed_status(error, 1).patch(None, NOW))
     assert conditions["Connected"] == ("True", "Connected")
     assert conditions["Probed"] == ("False", "ProbeFailed")
     assert conditions["Ready"] == ("False", "ProbeFailed")
+
+
+def test_an_unsupported_connection_is_not_a_probe_failure() -> None:
+    error = ErrUnsupported("connect: no kubeconfig found")
+    conditions = by_type(open_failed_status(error, 1).patch(None, NOW))
+    assert conditions["Connected"] == ("False", "Unsupported")
+    assert conditions["Probed"] == ("Unknown", "Unsupported")
 
 
 def test_an_unreachable_cluster_is_not_connected() -> None:

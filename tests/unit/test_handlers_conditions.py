@@ -8,6 +8,7 @@ import pytest
 
 from dispatch_kubeflow.handlers.conditions import (
     Condition,
+    ConditionStatus,
     find_condition,
     parse_conditions,
     set_condition,
@@ -18,8 +19,8 @@ T0 = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=1)
 
 
-def ready(status: str, reason: str = "Ready", message: str = "") -> Condition:
-    return Condition(type="Ready", status=status, reason=reason, message=message)  # type: ignore[arg-type]
+def ready(status: ConditionStatus, reason: str = "Ready", message: str = "") -> Condition:
+    return Condition(type="Ready", status=status, reason=reason, message=message)
 
 
 def test_a_new_condition_gets_its_transition_time_in_rfc3339() -> None:

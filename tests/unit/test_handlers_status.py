@@ -10,7 +10,7 @@ from dispatch_kubeflow.events import JobObservation
 from dispatch_kubeflow.handlers.conditions import find_condition
 from dispatch_kubeflow.handlers.status import (
     HISTORY_LIMIT,
-    JobStatus,
+    DispatchJobStatus,
     begin_attempt,
     fold_event,
     refuse_attempt,
@@ -44,19 +44,19 @@ def event(
     }
 
 
-def fold(status: JobStatus, *events: dict[str, Any], attempt: int = 1) -> JobStatus:
+def fold(status: DispatchJobStatus, *events: dict[str, Any], attempt: int = 1) -> DispatchJobStatus:
     for one in events:
         status = fold_event(status, one, attempt=attempt, generation=1, now=T0)
     return status
 
 
-def condition_status(status: JobStatus, kind: str) -> str | None:
+def condition_status(status: DispatchJobStatus, kind: str) -> str | None:
     found = find_condition(status.conditions, kind)
     return None if found is None else found.status
 
 
 def test_begin_attempt_is_pending_with_unknown_admission() -> None:
-    status = begin_attempt(JobStatus(), attempt=1, train_job="j1-1", generation=1, now=T0)
+    status = begin_attempt(DispatchJobStatus(), attempt=1, train_job="j1-1", generation=1, now=T0)
     assert (status.state, status.train_job, status.attempt) == ("Pending", "j1-1", 1)
     assert condition_status(status, "Admitted") == "Unknown"
     assert condition_status(status, "Finished") == "False"
@@ -64,7 +64,7 @@ def test_begin_attempt_is_pending_with_unknown_admission() -> None:
 
 def test_running_then_failed_with_cause_sets_state_cause_and_conditions() -> None:
     status = fold(
-        JobStatus(),
+        DispatchJobStatus(),
         event("Submitted", "Pending"),
         event("Admitted", "Pending", minute=1),
         event("Running", "Running", minute=2),
@@ -81,14 +81,14 @@ def test_running_then_failed_with_cause_sets_state_cause_and_conditions() -> Non
 
 
 def test_the_same_event_twice_is_recorded_once() -> None:
-    once = fold(JobStatus(), event("Running", "Running"))
+    once = fold(DispatchJobStatus(), event("Running", "Running"))
     twice = fold(once, event("Running", "Running"))
     assert twice == once
     assert len(twice.events) == 1
 
 
 def test_an_older_attempts_event_is_history_only() -> None:
-    status = fold(JobStatus(), event("Running", "Running", attempt=2), attempt=2)
+    status = fold(DispatchJobStatus(), event("Running", "Running", attempt=2), attempt=2)
     status = fold(status, event("Finished", "Failed", attempt=1, cause="ProgramError"), attempt=2)
     assert (status.state, status.cause, status.attempt) == ("Running", None, 2)
     assert len(status.events) == 2
@@ -96,13 +96,13 @@ def test_an_older_attempts_event_is_history_only() -> None:
 
 def test_history_keeps_the_last_fifty() -> None:
     events = [event("Restarted", "Running", minute=i) for i in range(HISTORY_LIMIT + 7)]
-    status = fold(JobStatus(), *events)
+    status = fold(DispatchJobStatus(), *events)
     assert len(status.events) == HISTORY_LIMIT
     assert status.events[0]["time"] == events[7]["time"]
 
 
 def test_a_reason_that_is_not_camel_case_falls_back_to_the_event_type_in_conditions() -> None:
-    status = fold(JobStatus(), event("Finished", "Failed", reason="exit code 1"))
+    status = fold(DispatchJobStatus(), event("Finished", "Failed", reason="exit code 1"))
     assert status.reason == "exit code 1"
     finished = find_condition(status.conditions, "Finished")
     assert finished is not None
@@ -111,18 +111,23 @@ def test_a_reason_that_is_not_camel_case_falls_back_to_the_event_type_in_conditi
 
 def test_refused_attempt_is_finished_and_failed_with_the_reason() -> None:
     status = refuse_attempt(
-        JobStatus(), attempt=1, reason="Unsupported", message="runtime x", generation=1, now=T0
+        DispatchJobStatus(),
+        attempt=1,
+        reason="Unsupported",
+        message="runtime x",
+        generation=1,
+        now=T0,
     )
     assert (status.state, status.reason, status.message) == ("Failed", "Unsupported", "runtime x")
     assert condition_status(status, "Finished") == "True"
 
 
 def test_wire_round_trip_keeps_everything() -> None:
-    status = fold(JobStatus(), event("Running", "Running"))
+    status = fold(DispatchJobStatus(), event("Running", "Running"))
     wire = status.to_wire()
     assert wire["trainJob"] == "j1-1"
     assert wire["conditions"][0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
-    assert JobStatus.from_wire({**wire, "unknownKey": 1}) == status
+    assert DispatchJobStatus.from_wire({**wire, "unknownKey": 1}) == status
 
 
 async def test_a_cause_reported_while_pending_shows_in_the_status() -> None:
@@ -133,7 +138,7 @@ async def test_a_cause_reported_while_pending_shows_in_the_status() -> None:
         update={"workload": workload(cond("QuotaReserved", "False", "Pending", no_fit))}
     )
     reporter = Reporter(MemoryStore())
-    status = begin_attempt(JobStatus(), attempt=1, train_job="j1-1", generation=1, now=T0)
+    status = begin_attempt(DispatchJobStatus(), attempt=1, train_job="j1-1", generation=1, now=T0)
     for minute, observation in enumerate((queued, over_quota, over_quota)):
         reported_now = await reporter.report(
             job="j1",

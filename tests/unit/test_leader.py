@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -252,7 +254,7 @@ async def test_run_loop_standby_takes_over_within_a_lease_duration_of_a_crash() 
     store = MemoryLeaseStore()
     leading: dict[str, float] = {}
 
-    def lead_as(name: str):  # type: ignore[no-untyped-def]
+    def lead_as(name: str) -> Callable[[], Coroutine[Any, Any, None]]:
         async def lead() -> None:
             leading[name] = loop.time() - start
             await asyncio.Event().wait()
@@ -321,7 +323,10 @@ async def test_the_run_loop_waits_on_the_injected_clock() -> None:
         for _ in range(20):
             await asyncio.sleep(0)
 
-    task = asyncio.create_task(a.run(asyncio.Event().wait))
+    async def lead() -> None:
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(a.run(lead))
     await settle()
     assert store.writes == 1  # acquired
     await settle()

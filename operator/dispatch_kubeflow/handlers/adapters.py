@@ -14,42 +14,45 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, cast
 
 import kopf
 from kubernetes_asyncio.client import ApiClient
 
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig
+from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
 from dispatch_kubeflow.constants import (
     GROUP,
+    KUBEFLOW_ADAPTERS,
     REASON_INVALID_SETTINGS,
     VERSION,
     AdapterCondition,
     EventType,
 )
-from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, ProbeError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.gotime import format_duration
-from dispatch_kubeflow.handlers.conditions import Condition, parse_conditions, set_conditions
+from dispatch_kubeflow.handlers.conditions import (
+    Condition,
+    is_reason,
+    parse_conditions,
+    set_conditions,
+)
 from dispatch_kubeflow.handlers.jobs import JobEventRouter
-from dispatch_kubeflow.handlers.kube import KUBEFLOW_ADAPTERS, update_status
+from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.settings import Settings, parse_settings_object
 
+# How the probe's failures read while it raised ErrUnsupported rather than ProbeError.
 PREFLIGHT_PREFIX: Final = "preflight probe: "
 RETRY_FIRST: Final = 5.0
 RETRY_MAX: Final = 300.0
 CANCELLATION_TIMEOUT: Final = 30.0
 
-Clock = Callable[[], datetime]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 Opener = Callable[[AdapterConfig], Awaitable[Adapter]]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _condition(
@@ -138,10 +141,17 @@ def opening_status(settings: Settings, generation: int | None) -> AdapterStatus:
     return status
 
 
+def is_probe_failure(error: Exception) -> bool:
+    """The adapter connected, and its preflight probe found the Trainer API unusable."""
+    if isinstance(error, ProbeError):
+        return True
+    return isinstance(error, ErrUnsupported) and str(error).startswith(PREFLIGHT_PREFIX)
+
+
 def open_failed_status(error: Exception, generation: int | None) -> AdapterStatus:
     message = str(error) or type(error).__name__
     status = AdapterStatus(generation)
-    if isinstance(error, ErrUnsupported) and message.startswith(PREFLIGHT_PREFIX):
+    if is_probe_failure(error):
         status.condition(AdapterCondition.CONNECTED, "True", "Connected", "the apiserver answered")
         status.condition(AdapterCondition.PROBED, "False", "ProbeFailed", message)
         status.condition(AdapterCondition.READY, "False", "ProbeFailed", message)
@@ -170,19 +180,11 @@ def watch_failed_status(error: Exception, generation: int | None) -> AdapterStat
 
 def heartbeat_status(event: DispatchEvent, generation: int | None) -> AdapterStatus:
     healthy = event.gate == "open"
-    reason = event.reason if _is_reason(event.reason) else ("GateOpen" if healthy else "GateClosed")
+    reason = event.reason if is_reason(event.reason) else ("GateOpen" if healthy else "GateClosed")
     message = event.message or f"admission gate {event.gate}"
     status = AdapterStatus(generation)
     status.condition(AdapterCondition.ADMISSION_HEALTHY, str(healthy), reason, message)
     return status
-
-
-def _is_reason(reason: str) -> bool:
-    try:
-        _condition("X", "Unknown", reason, "", None)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass
@@ -199,11 +201,11 @@ class AdapterSession:
     post_event: Callable[[Mapping[str, Any], str, str, str], None]
     logger: Logger
     opener: Opener = Adapter.open
-    clock: Clock = utc_now
+    clock: Clock = SYSTEM_CLOCK
 
     async def write(self, status: AdapterStatus) -> None:
         async def change(current: dict[str, Any]) -> dict[str, Any]:
-            return status.patch(current.get("status"), self.clock())
+            return status.patch(current.get("status"), self.clock.now())
 
         await update_status(self.api, KUBEFLOW_ADAPTERS, self.namespace, self.name, change)
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+
+from dispatch_kubeflow.clock import format_time
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -22,9 +24,9 @@ _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 _MESSAGE_LIMIT = 32768
 
 
-def rfc3339(moment: datetime) -> str:
-    """A timestamp the way Kubernetes writes metav1.Time: UTC, whole seconds, a Z suffix."""
-    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+def is_reason(reason: str) -> bool:
+    """Whether ``reason`` may be a condition's reason (CamelCase, starting with a letter)."""
+    return _REASON.match(reason) is not None
 
 
 def status_of(value: bool | None) -> ConditionStatus:
@@ -48,7 +50,7 @@ class Condition(BaseModel):
     @field_validator("reason")
     @classmethod
     def _reason_is_camel_case(cls, reason: str) -> str:
-        if not _REASON.match(reason):
+        if not is_reason(reason):
             raise ValueError(f"condition reason {reason!r} is not CamelCase")
         return reason
 
@@ -88,10 +90,10 @@ def set_condition(
             continue
         replaced = True
         changed = existing.status != new.status or not existing.last_transition_time
-        moment = rfc3339(now) if changed else existing.last_transition_time
+        moment = format_time(now) if changed else existing.last_transition_time
         result.append(new.model_copy(update={"last_transition_time": moment}))
     if not replaced:
-        result.append(new.model_copy(update={"last_transition_time": rfc3339(now)}))
+        result.append(new.model_copy(update={"last_transition_time": format_time(now)}))
     return result
 
 

@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, JobCondition
+from dispatch_kubeflow.constants import (
+    DISPATCH_JOB_KIND,
+    DISPATCH_JOBS,
+    GROUP,
+    STATUS_REPORTED,
+    JobCondition,
+)
 from dispatch_kubeflow.schema import (
     AGE_COLUMN,
     condition_schema,
@@ -20,8 +26,8 @@ from dispatch_kubeflow.schema import (
     render_yaml,
 )
 
-KIND: Final = "DispatchJob"
-PLURAL: Final = "dispatchjobs"
+KIND: Final = DISPATCH_JOB_KIND
+PLURAL: Final = DISPATCH_JOBS
 SINGULAR: Final = "dispatchjob"
 SHORT_NAME: Final = "dj"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"

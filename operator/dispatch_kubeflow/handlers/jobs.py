@@ -11,18 +11,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import kopf
 from kubernetes_asyncio.client import ApiClient
 
-from dispatch_kubeflow.constants import GROUP, VERSION, EventType, State
+from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
+from dispatch_kubeflow.constants import DISPATCH_JOBS, GROUP, VERSION, EventType, State
 from dispatch_kubeflow.errors import ErrInvalid, ErrOutcomeUnknown, ErrUnsupported
-from dispatch_kubeflow.handlers.kube import DISPATCH_JOBS, update_status
+from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry
 from dispatch_kubeflow.handlers.status import (
-    JobStatus,
+    DispatchJobStatus,
     begin_attempt,
     fold_event,
     is_recorded,
@@ -40,13 +40,8 @@ WARNING_TYPES: Final = frozenset(
     {EventType.EVICTED, EventType.NODE_LOST, EventType.VANISHED, EventType.RESTARTED}
 )
 
-Clock = Callable[[], datetime]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def job_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
@@ -91,7 +86,7 @@ class JobEventRouter:
     namespace: str
     adapter_name: str
     post_event: PostEvent
-    clock: Clock = utc_now
+    clock: Clock = SYSTEM_CLOCK
 
     async def deliver(self, event: Mapping[str, Any]) -> bool:
         """Fold ``event`` into its DispatchJob; True when it was new there.
@@ -107,7 +102,7 @@ class JobEventRouter:
         async def change(current: dict[str, Any]) -> dict[str, Any] | None:
             if current.get("spec", {}).get("adapter") != self.adapter_name:
                 return None
-            status = JobStatus.from_wire(current.get("status"))
+            status = DispatchJobStatus.from_wire(current.get("status"))
             if is_recorded(status, event):
                 return None
             after = fold_event(
@@ -115,7 +110,7 @@ class JobEventRouter:
                 event,
                 attempt=int(current["spec"].get("attempt", 1)),
                 generation=current["metadata"].get("generation"),
-                now=self.clock(),
+                now=self.clock.now(),
             )
             folded["body"] = current
             return after.to_wire()
@@ -136,10 +131,10 @@ async def record_start(
     attempt: int,
     train_job: str | None,
     refused: tuple[str, str] | None = None,
-    clock: Clock = utc_now,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     async def change(current: dict[str, Any]) -> dict[str, Any]:
-        status = JobStatus.from_wire(current.get("status"))
+        status = DispatchJobStatus.from_wire(current.get("status"))
         generation = current["metadata"].get("generation")
         if refused is not None:
             reason, message = refused
@@ -149,11 +144,11 @@ async def record_start(
                 reason=reason,
                 message=message,
                 generation=generation,
-                now=clock(),
+                now=clock.now(),
             )
         else:
             after = begin_attempt(
-                status, attempt=attempt, train_job=train_job, generation=generation, now=clock()
+                status, attempt=attempt, train_job=train_job, generation=generation, now=clock.now()
             )
         return after.to_wire()
 
@@ -245,7 +240,7 @@ async def raise_attempt(
     """A raised attempt starts once the current attempt has finished."""
     if old is not None and new is not None and int(new) <= int(old):
         return
-    current = JobStatus.from_wire(status)
+    current = DispatchJobStatus.from_wire(status)
     if current.attempt is not None and current.attempt < int(new) and not current.finished:
         raise kopf.TemporaryError(
             f"attempt {current.attempt} has not finished; attempt {new} waits for it",

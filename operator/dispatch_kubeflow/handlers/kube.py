@@ -18,14 +18,10 @@ import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dispatch_kubeflow.constants import GROUP, VERSION
+from dispatch_kubeflow.constants import GROUP, MERGE_PATCH, VERSION
+from dispatch_kubeflow.kube.apierrors import is_conflict, is_not_found
 
-KUBEFLOW_ADAPTERS: Final = "kubeflowadapters"
-DISPATCH_JOBS: Final = "dispatchjobs"
-MERGE_PATCH: Final = "application/merge-patch+json"
 CONFLICT_RETRIES: Final = 10
-HTTP_NOT_FOUND: Final = 404
-HTTP_CONFLICT: Final = 409
 
 
 async def load_configuration() -> Any:
@@ -80,7 +76,7 @@ async def read_object(
             GROUP, VERSION, namespace, plural, name
         )
     except ApiException as error:
-        if error.status == HTTP_NOT_FOUND:
+        if is_not_found(error):
             return None
         raise
     return found
@@ -136,8 +132,8 @@ async def update_status(
                 resource_version=current["metadata"]["resourceVersion"],
             )
         except ApiException as error:
-            if error.status == HTTP_NOT_FOUND:
+            if is_not_found(error):
                 return None
-            if error.status != HTTP_CONFLICT:
+            if not is_conflict(error):
                 raise
     raise RuntimeError(f"{plural}/{name} in {namespace}: status kept changing under the writer")

@@ -19,11 +19,11 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, VERSION
-from dispatch_kubeflow.handlers.kube import DISPATCH_JOBS, read_object, update_status
+from dispatch_kubeflow.constants import DISPATCH_JOBS, GROUP, STATUS_REPORTED, VERSION
+from dispatch_kubeflow.handlers.kube import read_object, update_status
+from dispatch_kubeflow.kube.informer import list_all
 from dispatch_kubeflow.reporting import ReportedRecord
 
-LIST_PAGE: Final = 500
 DEFAULT_TIMEOUT: Final = timedelta(seconds=30)
 
 JobKey = tuple[str, int]
@@ -55,8 +55,10 @@ class DispatchJobStatusStore:
     Writes are status-subresource merge patches carrying the resourceVersion they were computed
     from (``kube.update_status``). A record for a job without a DispatchJob of this adapter (it
     was deleted, or the job was started through the library) is dropped with a log line: there is
-    nothing to fold its events into either. Each call is bounded by ``request_timeout``; a
+    nothing to fold its events into either. Each request is bounded by ``request_timeout``; a
     timeout or an API error reaches the supervisor, which counts nothing as reported and retries.
+    ``unfinished`` lists page by page through ``kube.informer.list_all``, whose failures are the
+    error family's.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DispatchJobStatusStore:
         self._api = api
         self._namespace = namespace
         self._adapter = adapter_name
+        self._request_timeout = request_timeout
         self._timeout = request_timeout.total_seconds()
         # Records seen by the last ``unfinished`` listing, each handed out once by ``load``, so
         # a restart reads every record with one LIST instead of a GET per job.
@@ -112,26 +115,19 @@ class DispatchJobStatusStore:
     async def unfinished(self) -> list[JobKey]:
         """Every (job, attempt) of this adapter's DispatchJobs whose record is not finished."""
         self._listed = {}
-        for item in await self._list():
+        listing = await list_all(
+            self._list_page,
+            what=f"list the DispatchJobs in {self._namespace}",
+            request_timeout=self._request_timeout,
+        )
+        for item in listing.items:
             name = str(item["metadata"]["name"])
             for attempt, record in records_of(item, self._adapter).items():
                 self._listed[(name, attempt)] = record
         return sorted(key for key, record in self._listed.items() if not record.finished)
 
-    async def _list(self) -> list[dict[str, Any]]:
-        api = client.CustomObjectsApi(self._api)
-        items: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            self.requests += 1
-            options: dict[str, Any] = {"limit": LIST_PAGE}
-            if token:
-                options["_continue"] = token
-            async with asyncio.timeout(self._timeout):
-                page = await api.list_namespaced_custom_object(
-                    GROUP, VERSION, self._namespace, DISPATCH_JOBS, **options
-                )
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+    async def _list_page(self, **options: Any) -> Any:
+        self.requests += 1
+        return await client.CustomObjectsApi(self._api).list_namespaced_custom_object(
+            GROUP, VERSION, self._namespace, DISPATCH_JOBS, **options
+        )

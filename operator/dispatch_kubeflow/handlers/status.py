@@ -19,8 +19,10 @@ from pydantic.alias_generators import to_camel
 from dispatch_kubeflow.constants import EventType, JobCondition, State
 from dispatch_kubeflow.handlers.conditions import (
     Condition,
+    is_reason,
     parse_conditions,
     set_conditions,
+    status_of,
     to_wire,
 )
 
@@ -34,8 +36,8 @@ REASON_START_FAILED = "StartFailed"
 _IDENTITY = ("type", "attempt", "trainJob", "time", "state", "cause", "reason")
 
 
-class JobStatus(BaseModel):
-    """``status`` of a DispatchJob."""
+class DispatchJobStatus(BaseModel):
+    """``status`` of a DispatchJob, as the operator writes it."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
@@ -50,7 +52,7 @@ class JobStatus(BaseModel):
     events: list[dict[str, Any]] = Field(default_factory=list)
 
     @classmethod
-    def from_wire(cls, raw: Mapping[str, Any] | None) -> JobStatus:
+    def from_wire(cls, raw: Mapping[str, Any] | None) -> DispatchJobStatus:
         raw = dict(raw or {})
         conditions = parse_conditions(raw.pop("conditions", None))
         known = {key: value for key, value in raw.items() if key in _WIRE_KEYS}
@@ -67,7 +69,9 @@ class JobStatus(BaseModel):
 
 
 _WIRE_KEYS = frozenset(
-    field.alias or name for name, field in JobStatus.model_fields.items() if name != "conditions"
+    field.alias or name
+    for name, field in DispatchJobStatus.model_fields.items()
+    if name != "conditions"
 )
 
 
@@ -75,7 +79,7 @@ def event_identity(event: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(event.get(key) for key in _IDENTITY)
 
 
-def is_recorded(status: JobStatus, event: Mapping[str, Any]) -> bool:
+def is_recorded(status: DispatchJobStatus, event: Mapping[str, Any]) -> bool:
     identity = event_identity(event)
     return any(event_identity(seen) == identity for seen in status.events)
 
@@ -83,9 +87,12 @@ def is_recorded(status: JobStatus, event: Mapping[str, Any]) -> bool:
 def _condition(
     kind: str, value: bool | None, reason: str, message: str, generation: int | None
 ) -> Condition:
-    status = "Unknown" if value is None else ("True" if value else "False")
     return Condition(
-        type=kind, status=status, reason=reason, message=message, observed_generation=generation
+        type=kind,
+        status=status_of(value),
+        reason=reason,
+        message=message,
+        observed_generation=generation,
     )
 
 
@@ -94,7 +101,7 @@ def _conditions_for(event: Mapping[str, Any], generation: int | None) -> list[Co
     state = event.get("state")
     reason = str(event.get("reason") or kind)
     message = str(event.get("message") or "")
-    if not _is_camel(reason):
+    if not is_reason(reason):
         reason = kind
     finished = kind in (EventType.FINISHED, EventType.VANISHED) or state in TERMINAL_STATES
     updates = [
@@ -108,22 +115,14 @@ def _conditions_for(event: Mapping[str, Any], generation: int | None) -> list[Co
     return updates
 
 
-def _is_camel(reason: str) -> bool:
-    try:
-        Condition(type="X", status="Unknown", reason=reason)
-    except ValueError:
-        return False
-    return True
-
-
 def fold_event(
-    status: JobStatus,
+    status: DispatchJobStatus,
     event: Mapping[str, Any],
     *,
     attempt: int,
     generation: int | None,
     now: datetime,
-) -> JobStatus:
+) -> DispatchJobStatus:
     """The status after ``event``; ``attempt`` is the attempt the DispatchJob's spec asks for."""
     if is_recorded(status, event):
         return status
@@ -147,13 +146,13 @@ def fold_event(
 
 
 def begin_attempt(
-    status: JobStatus,
+    status: DispatchJobStatus,
     *,
     attempt: int,
     train_job: str | None,
     generation: int | None,
     now: datetime,
-) -> JobStatus:
+) -> DispatchJobStatus:
     """The status once ``attempt`` has been handed to the adapter and its TrainJob exists."""
     if status.attempt == attempt and status.state is not None:
         return status.model_copy(update={"train_job": train_job or status.train_job})
@@ -178,14 +177,14 @@ def begin_attempt(
 
 
 def refuse_attempt(
-    status: JobStatus,
+    status: DispatchJobStatus,
     *,
     attempt: int,
     reason: str,
     message: str,
     generation: int | None,
     now: datetime,
-) -> JobStatus:
+) -> DispatchJobStatus:
     """The status when the adapter refused to start ``attempt``: finished, failed, why."""
     updates = [
         _condition(JobCondition.ADMITTED, False, reason, message, generation),
