@@ -71,7 +71,8 @@ class Scene:
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.api = api
-        self.objects = client.CustomObjectsApi(api)
+        # Any: the generated signatures omit _content_type and take plain dicts as bodies too.
+        self.objects: Any = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.check = f"{namespace}-gate"
 
@@ -286,7 +287,8 @@ class Scene:
                 return workload
             return None
 
-        return await eventually(matches, f"Workload {name} check {state}")
+        found: dict[str, Any] = await eventually(matches, f"Workload {name} check {state}")
+        return found
 
 
 def condition(kind: str, status: str, reason: str) -> dict[str, Any]:
@@ -723,7 +725,7 @@ async def test_decisions_continue_after_an_apiserver_restart_and_etcd_compaction
     scene: Scene, cluster: Any
 ) -> None:
     """Every watch breaks and cannot resume from its old resourceVersion: the mirrors relist."""
-    core = client.CoreV1Api(scene.api)
+    core: Any = client.CoreV1Api(scene.api)  # takes a plain dict as the body
     first = await scene.workload_for(await scene.trainjob("job-1"))
     controller = scene.controller("a")
 

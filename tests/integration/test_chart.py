@@ -162,7 +162,7 @@ async def release(
     (at most 64 characters).
     """
     name = f"dkc-{secrets.token_hex(3)}"
-    core = client.CoreV1Api(kube_api)
+    core: Any = client.CoreV1Api(kube_api)  # takes a plain dict as the body
     await core.create_namespace({"metadata": {"name": name}})
     kubeconfig = ["--kubeconfig", str(cluster.kubeconfig)]
     run_helm(

@@ -136,7 +136,8 @@ class Scene:
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.api = api
-        self.objects = client.CustomObjectsApi(api)
+        # Any: the generated signatures omit _content_type and take plain dicts as bodies too.
+        self.objects: Any = client.CustomObjectsApi(api)
         self.namespace = namespace
 
     async def ensure_runtime(self) -> None:
@@ -475,7 +476,7 @@ async def test_deleting_a_dispatchjob_stops_its_job_and_everything_of_it_goes(
         },
         "spec": {"containers": [{"name": "node", "image": "busybox:1.37"}]},
     }
-    core = client.CoreV1Api(scene.api)
+    core: Any = client.CoreV1Api(scene.api)  # takes a plain dict as the body
     await core.create_namespaced_pod(scene.namespace, pod)
 
     await scene.objects.delete_namespaced_custom_object(
