@@ -464,9 +464,9 @@ PATTERN_MESSAGES: Final[Mapping[str, str]] = {
     "(units ns, us, ms, s, m, h)",
 }
 
-# Keywords a structural schema cannot carry; their meaning moves to CEL, to list types, or to
-# the operator's own parse (label keys, which CEL could check only at a cost the apiserver's
-# budget refuses for an unbounded map).
+# Keywords the CRD does not carry: a structural schema cannot, or (pattern, and the newline
+# guard under not) their meaning moves to CEL rules with messages, to list types, or to the
+# operator's own parse (label keys, whose length no schema bounds for a CEL rule's cost).
 _DROPPED: Final = frozenset(
     {
         "$schema",
@@ -522,7 +522,8 @@ def structural(node: Schema, pointer: str = "", *, optional: bool = False) -> Sc
     """The CRD form of a (ref-free) settings schema node.
 
     An optional value is ``nullable`` so that a null in a manifest reaches the operator, which
-    refuses it, instead of being pruned by the apiserver and read as unset.
+    refuses it, instead of being pruned by the apiserver and read as unset. A pattern becomes a
+    CEL rule with a message in words (``PATTERN_MESSAGES``).
     """
     out: Schema = {k: v for k, v in node.items() if k not in _DROPPED}
     if "default" in node:
