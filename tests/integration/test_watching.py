@@ -694,7 +694,7 @@ async def test_timeout_from_kueue_maximum_execution_time(world: World, watcher: 
     )
 
 
-@pytest.mark.parametrize("reason", ["Inadmissible", "ExceedsMaxQuota", "NoMatchingFlavor"])
+@pytest.mark.parametrize("reason", ["WaitingForQuota", "ExceedsMaxQuota", "NoMatchingFlavor"])
 async def test_no_capacity_from_kueue_is_carried_by_the_first_event(
     kube_api: client.ApiClient, namespace: str, world: World, reason: str
 ) -> None:
