@@ -233,18 +233,23 @@ def _pod_failure_causes(pod: Mapping[str, Any]) -> Iterator[_Found]:
         return
     cause = reasons.pod_failure_cause(reason)
     if cause is not None:
-        yield (
-            cause,
-            Evidence(
-                kind=KIND_POD,
-                name=name_of(pod),
-                field="status.reason",
-                status=POD_FAILED,
-                reason=reason,
-                message=text(dig(pod, "status", "message")),
-                node=dig(pod, "spec", "nodeName"),
-            ),
-        )
+        message = text(dig(pod, "status", "message"))
+        yield cause, _pod_evidence(pod, "status.reason", reason, message, status=POD_FAILED)
+
+
+def _pod_evidence(
+    pod: Mapping[str, Any], field: str, reason: str, message: str, **details: Any
+) -> Evidence:
+    """Evidence from a pod's status: ``field`` says which part, ``details`` the rest."""
+    return Evidence(
+        kind=KIND_POD,
+        name=name_of(pod),
+        field=field,
+        reason=reason,
+        message=message,
+        node=dig(pod, "spec", "nodeName"),
+        **details,
+    )
 
 
 def _one_container_causes(pod: Mapping[str, Any], status: Mapping[str, Any]) -> Iterator[_Found]:
@@ -254,17 +259,9 @@ def _one_container_causes(pod: Mapping[str, Any], status: Mapping[str, Any]) -> 
         reason = text(waiting.get("reason"))
         cause = reasons.waiting_cause(reason)
         if cause is not None:
-            yield (
-                cause,
-                Evidence(
-                    kind=KIND_POD,
-                    name=name_of(pod),
-                    field="status.containerStatuses.state.waiting",
-                    container=container,
-                    reason=reason,
-                    message=text(waiting.get("message")),
-                ),
-            )
+            field = "status.containerStatuses.state.waiting"
+            message = text(waiting.get("message"))
+            yield cause, _pod_evidence(pod, field, reason, message, container=container)
     for terminated in _terminations(status):
         code = as_int(terminated.get("exitCode"))
         reason = text(terminated.get("reason"))
@@ -274,16 +271,14 @@ def _one_container_causes(pod: Mapping[str, Any], status: Mapping[str, Any]) -> 
         signal = as_int(terminated.get("signal")) or (code - 128 if code > 128 else 0)
         yield (
             cause,
-            Evidence(
-                kind=KIND_POD,
-                name=name_of(pod),
-                field="status.containerStatuses.state.terminated",
+            _pod_evidence(
+                pod,
+                "status.containerStatuses.state.terminated",
+                reason,
+                text(terminated.get("message"))[:PUBLISH_MAX_BYTES],
                 container=container,
                 exit_code=code,
                 signal=signal or None,
-                reason=reason,
-                message=text(terminated.get("message"))[:PUBLISH_MAX_BYTES],
-                node=dig(pod, "spec", "nodeName"),
             ),
         )
 
