@@ -111,3 +111,17 @@ def test_kwok_stages_end_pods_from_their_environment() -> None:
     outcome = {e["key"]: e for e in stages["sim-pod-fail"]["spec"]["selector"]["matchExpressions"]}
     (fail,) = [e for key, e in outcome.items() if "SIM_OUTCOME" in key]
     assert (fail["operator"], fail["values"]) == ("In", ["fail"])
+
+
+@pytest.mark.cluster
+def test_a_pod_the_kubelet_refuses_never_starts() -> None:
+    stack = FullStack.__new__(FullStack)
+    stages = {stage["metadata"]["name"]: stage for stage in stack._kwok_stages()}
+
+    def outcome(stage: str) -> tuple[str, list[str]]:
+        expressions = stages[stage]["spec"]["selector"]["matchExpressions"]
+        (found,) = [e for e in expressions if "SIM_OUTCOME" in e["key"]]
+        return found["operator"], found["values"]
+
+    assert outcome("sim-pod-refuse") == ("In", ["refuse"])
+    assert outcome("pod-create") == ("NotIn", ["refuse"])
