@@ -294,7 +294,10 @@ class Informer:
 
     async def _handle_line(self, line: bytes, rv: str) -> str:
         event = json.loads(line)
-        type_, obj = event.get("type"), event.get("object") or {}
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            raise ValueError(f"a watch event without an object: {line[:200]!r}")
+        type_ = event.get("type")
         if type_ == "ERROR":
             if obj.get("code") == HTTP_GONE:
                 raise _Gone()
