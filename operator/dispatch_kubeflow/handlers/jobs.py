@@ -224,6 +224,17 @@ async def start_job(
     )
 
 
+def waits_for_current(status: DispatchJobStatus, raised: int) -> bool:
+    """Whether attempt ``raised`` must wait for the attempt ``status`` describes to finish.
+
+    A Vanished attempt (state Unknown) is over as well: everything of it is gone, so nothing
+    of it will ever finish.
+    """
+    if status.attempt is None or status.attempt >= raised:
+        return False
+    return not (status.finished or status.state == State.UNKNOWN)
+
+
 @kopf.on.update(GROUP, VERSION, DISPATCH_JOBS, field="spec.attempt")
 async def raise_attempt(
     old: Any,
@@ -241,7 +252,7 @@ async def raise_attempt(
     if old is not None and new is not None and int(new) <= int(old):
         return
     current = DispatchJobStatus.from_wire(status)
-    if current.attempt is not None and current.attempt < int(new) and not current.finished:
+    if waits_for_current(current, int(new)):
         raise kopf.TemporaryError(
             f"attempt {current.attempt} has not finished; attempt {new} waits for it",
             delay=UNFINISHED_WAIT,
