@@ -13,6 +13,7 @@ from typing import Any
 
 from dispatch_kubeflow.constants import TRAINER_NODE
 from dispatch_kubeflow.errors import ErrUnsupported
+from dispatch_kubeflow.kube.objects import dig, mappings
 from dispatch_kubeflow.settings import RuntimeRef, Settings
 from dispatch_kubeflow.trainjob import publish_init_container
 
@@ -32,13 +33,13 @@ def check_runtime(runtime: Mapping[str, Any], ref: RuntimeRef, settings: Setting
     def refuse(rule: str) -> ErrUnsupported:
         return ErrUnsupported(f"runtime {describe(ref)} is refused: {rule}")
 
-    jobset_spec = _dig(runtime, "spec", "template", "spec")
-    node_job = _named(jobset_spec.get("replicatedJobs"), TRAINER_NODE)
+    jobset_spec = dig(runtime, "spec", "template", "spec")
+    node_job = _named(dig(jobset_spec, "replicatedJobs"), TRAINER_NODE)
     if node_job is None:
         raise refuse(f"its JobSet template has no replicatedJob named {TRAINER_NODE!r}")
-    job_spec = _dig(node_job, "template", "spec")
-    pod_spec = _dig(job_spec, "template", "spec")
-    if _named(pod_spec.get("containers"), TRAINER_NODE) is None:
+    job_spec = dig(node_job, "template", "spec")
+    pod_spec = dig(job_spec, "template", "spec")
+    if _named(dig(pod_spec, "containers"), TRAINER_NODE) is None:
         raise refuse(
             f"the pod template of replicatedJob {TRAINER_NODE!r} has no container named "
             f"{TRAINER_NODE!r}"
@@ -49,55 +50,51 @@ def check_runtime(runtime: Mapping[str, Any], ref: RuntimeRef, settings: Setting
         _check_publish_init_container(pod_spec, settings, refuse)
 
 
-def _check_no_rank_restart(
-    job_spec: Mapping[str, Any],
-    pod_spec: Mapping[str, Any],
-    jobset_spec: Mapping[str, Any],
-    refuse: Refusal,
-) -> None:
+def _check_no_rank_restart(job_spec: Any, pod_spec: Any, jobset_spec: Any, refuse: Refusal) -> None:
     suffix = " (or set allowRankRestart)"
-    if job_spec.get("backoffLimit") != 0:
+    backoff_limit = dig(job_spec, "backoffLimit")
+    if backoff_limit != 0:
         raise refuse(
             f"replicatedJob {TRAINER_NODE!r} must set backoffLimit: 0 explicitly, it has "
-            f"{_shown(job_spec.get('backoffLimit'))}{suffix}"
+            f"{_shown(backoff_limit)}{suffix}"
         )
-    if job_spec.get("backoffLimitPerIndex") not in (None, 0):
+    per_index = dig(job_spec, "backoffLimitPerIndex")
+    if per_index not in (None, 0):
         raise refuse(
             f"replicatedJob {TRAINER_NODE!r} sets backoffLimitPerIndex "
-            f"{job_spec['backoffLimitPerIndex']}, which reruns a failed rank{suffix}"
+            f"{per_index}, which reruns a failed rank{suffix}"
         )
-    for rule in _dig(job_spec, "podFailurePolicy").get("rules") or ():
-        if isinstance(rule, Mapping) and rule.get("action") == "Ignore":
+    for rule in mappings(dig(job_spec, "podFailurePolicy", "rules")):
+        if rule.get("action") == "Ignore":
             raise refuse(
                 f"replicatedJob {TRAINER_NODE!r} has a podFailurePolicy rule with action "
                 f"Ignore, which reruns a failed rank{suffix}"
             )
-    if pod_spec.get("restartPolicy") != "Never":
+    restart_policy = dig(pod_spec, "restartPolicy")
+    if restart_policy != "Never":
         raise refuse(
             f"the pod template of replicatedJob {TRAINER_NODE!r} must set restartPolicy: Never "
-            f"explicitly, it has {_shown(pod_spec.get('restartPolicy'))}{suffix}"
+            f"explicitly, it has {_shown(restart_policy)}{suffix}"
         )
-    failure_policy = _dig(jobset_spec, "failurePolicy")
-    max_restarts = failure_policy.get("maxRestarts")
+    failure_policy = dig(jobset_spec, "failurePolicy")
+    max_restarts = dig(failure_policy, "maxRestarts")
     if max_restarts not in (None, 0):
         raise refuse(
             f"its JobSet failurePolicy allows maxRestarts: {max_restarts}, it must be absent "
             f"or 0{suffix}"
         )
-    for rule in failure_policy.get("rules") or ():
-        if isinstance(rule, Mapping) and rule.get("action") in RESTARTS_IGNORING_MAX:
+    for rule in mappings(dig(failure_policy, "rules")):
+        if rule.get("action") in RESTARTS_IGNORING_MAX:
             raise refuse(
                 f"its JobSet failurePolicy rule {rule.get('name', '(unnamed)')!r} has action "
                 f"{rule['action']}, which restarts whatever maxRestarts says{suffix}"
             )
 
 
-def _check_publish_init_container(
-    pod_spec: Mapping[str, Any], settings: Settings, refuse: Refusal
-) -> None:
+def _check_publish_init_container(pod_spec: Any, settings: Settings, refuse: Refusal) -> None:
     assert settings.publish is not None
     name = publish_init_container(settings)
-    container = _named(pod_spec.get("initContainers"), name)
+    container = _named(dig(pod_spec, "initContainers"), name)
     if container is None:
         raise refuse(
             f"publish.via is initContainer, but the pod template of replicatedJob "
@@ -108,13 +105,6 @@ def _check_publish_init_container(
             f"init container {name!r} must use exactly the publish image "
             f"{settings.publish.image!r}, it uses {_shown(container.get('image'))}"
         )
-
-
-def _dig(value: Any, *path: str) -> Mapping[str, Any]:
-    """The mapping at ``path``, or an empty one where anything on the way is missing."""
-    for key in path:
-        value = value.get(key) if isinstance(value, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
 
 
 def _named(items: Any, name: str) -> Mapping[str, Any] | None:
