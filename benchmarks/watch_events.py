@@ -79,7 +79,7 @@ def supervise(kubeconfig: str, namespace: str, out: Any, stop: Any) -> None:
 
 
 async def _supervise(kubeconfig: str, namespace: str, out: Any, stop: Any) -> None:
-    from dispatch_kubeflow.watching import Supervisor
+    from dispatch_kubeflow.supervisor import Supervisor
 
     api = await config.new_client_from_config(config_file=kubeconfig)
     supervisor = Supervisor(api, settings_for(namespace), ADAPTER)

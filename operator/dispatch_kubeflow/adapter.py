@@ -62,6 +62,7 @@ from dispatch_kubeflow.kube.workloads import eviction_count
 from dispatch_kubeflow.reporting import ReportStore
 from dispatch_kubeflow.runtimes import check_runtime, describe
 from dispatch_kubeflow.settings import Declarations, RuntimeRef, Settings, parse_settings
+from dispatch_kubeflow.supervisor import Supervisor
 from dispatch_kubeflow.trainjob import (
     RFC1035_LABEL,
     JobRef,
@@ -70,7 +71,6 @@ from dispatch_kubeflow.trainjob import (
     job_selector,
     resolve_runtime,
 )
-from dispatch_kubeflow.watching import Supervisor
 
 Obj = dict[str, Any]
 T = TypeVar("T")

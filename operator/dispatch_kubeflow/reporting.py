@@ -9,7 +9,7 @@ transition: ``advance`` computes the transitions between the record and a derive
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,17 @@ class ReportStore(Protocol):
     async def load(self, job: str, attempt: int) -> ReportedRecord | None: ...
 
     async def save(self, job: str, attempt: int, record: ReportedRecord) -> None: ...
+
+
+@runtime_checkable
+class ListingReportStore(ReportStore, Protocol):
+    """A store that can also name the jobs it holds unfinished records of.
+
+    A store outside the TrainJob (the DispatchJob status) implements this, so that a job whose
+    objects all vanished while nothing watched still gets its ``Vanished``.
+    """
+
+    async def unfinished(self) -> list[tuple[str, int]]: ...
 
 
 class MemoryStore:

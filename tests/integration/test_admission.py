@@ -42,13 +42,13 @@ from dispatch_kubeflow.constants import (
     EventType,
 )
 from dispatch_kubeflow.errors import DispatchError
+from dispatch_kubeflow.heartbeat import DEFAULT_SKEW
 from dispatch_kubeflow.kube.leaderelection import ElectionTiming, LeaderElector
 from dispatch_kubeflow.kube.leases import ApiLeaseStore, Lease, LeaseConflict
 from dispatch_kubeflow.kube.objects import key_of
 from dispatch_kubeflow.kube.workloads import check_entry
-from dispatch_kubeflow.lease import DEFAULT_SKEW
 from dispatch_kubeflow.settings import parse_settings_object
-from dispatch_kubeflow.watching import Supervisor
+from dispatch_kubeflow.supervisor import Supervisor
 
 FAST = ElectionTiming(
     lease_duration=timedelta(seconds=2),

@@ -18,10 +18,11 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow import constants
+from dispatch_kubeflow.clock import ManualClock
 from dispatch_kubeflow.constants import Cause, EventType, State
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.settings import AdmissionLease, Kueue, RuntimeRef, Settings
-from dispatch_kubeflow.watching import Supervisor
+from dispatch_kubeflow.supervisor import Supervisor
 from tests.cluster.controlplane import ControlPlane
 
 EVENT_TIMEOUT = 30.0
@@ -47,26 +48,6 @@ def cond(
         "message": message or f"{type_} {reason}",
         "lastTransitionTime": ts(T0 + timedelta(seconds=at)),
     }
-
-
-class ManualClock:
-    """A clock the test moves by hand; the Lease timer sleeps on it."""
-
-    def __init__(self, start: datetime) -> None:
-        self._now = start
-        self._moved = asyncio.Condition()
-
-    def now(self) -> datetime:
-        return self._now
-
-    async def sleep_until(self, instant: datetime) -> None:
-        async with self._moved:
-            await self._moved.wait_for(lambda: self._now >= instant)
-
-    async def advance(self, seconds: float) -> None:
-        async with self._moved:
-            self._now += timedelta(seconds=seconds)
-            self._moved.notify_all()
 
 
 class World:
@@ -854,8 +835,8 @@ async def test_heartbeat_opens_on_renewal_and_closes_by_timer(
     await world.lease("ctl-0", clock.now(), duration=15)
     opened = await watcher.wait_for(lambda e: e.gate == "open", "gate open")
     assert opened.reason == "LeaseRenewed"
-    await clock.advance(16)  # inside duration + skew: still open, no event
-    await clock.advance(2)  # past renewTime + 15 s + 2 s, and no watch event came
+    clock.advance(timedelta(seconds=16))  # inside duration + skew: still open, no event
+    clock.advance(timedelta(seconds=2))  # past renewTime + 15 s + 2 s, and no watch event came
     await watcher.wait_until(lambda: len(heartbeats(watcher)) == 3, "gate closed by the timer")
     assert [e.gate for e in heartbeats(watcher)] == ["closed", "open", "closed"]
     closed = heartbeats(watcher)[-1]

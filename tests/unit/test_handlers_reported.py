@@ -10,9 +10,8 @@ from dispatch_kubeflow.handlers import crds
 from dispatch_kubeflow.handlers.adapters import AdapterSession
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore, record_patch, records_of
-from dispatch_kubeflow.reporting import ReportedRecord
+from dispatch_kubeflow.reporting import ListingReportStore, ReportedRecord
 from dispatch_kubeflow.settings import parse_settings_object
-from dispatch_kubeflow.watching import ListingReportStore
 
 RUNNING = ReportedRecord(submitted=True, admitted=0, running=0)
 DONE = ReportedRecord(submitted=True, finished=True)

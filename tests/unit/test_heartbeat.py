@@ -8,19 +8,19 @@ from typing import Any
 
 import pytest
 
+from dispatch_kubeflow.clock import LoopClock
 from dispatch_kubeflow.constants import EventType
 from dispatch_kubeflow.events import DispatchEvent
-from dispatch_kubeflow.lease import (
+from dispatch_kubeflow.heartbeat import (
     DEFAULT_SKEW,
     REASON_EXPIRED,
     REASON_MISSING,
     REASON_RELEASED,
     REASON_RENEWED,
     LeaseHeartbeat,
-    LeaseReading,
-    LoopClock,
     is_alive,
 )
+from dispatch_kubeflow.kube.leases import Lease
 
 START = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -37,7 +37,7 @@ def lease(
 
 
 def test_alive_until_renew_plus_duration_plus_skew() -> None:
-    reading = LeaseReading.from_object(lease(START, duration=15))
+    reading = Lease.from_object(lease(START, duration=15))
     assert reading.renew_time == START
     edge = START + timedelta(seconds=15) + DEFAULT_SKEW
     assert is_alive(reading, edge - timedelta(microseconds=1))
@@ -46,8 +46,8 @@ def test_alive_until_renew_plus_duration_plus_skew() -> None:
 
 
 def test_without_holder_or_renewal_it_is_not_alive() -> None:
-    assert not is_alive(LeaseReading.from_object(lease(START, holder=None)), START)
-    assert not is_alive(LeaseReading.from_object(lease(None)), START)
+    assert not is_alive(Lease.from_object(lease(START, holder=None)), START)
+    assert not is_alive(Lease.from_object(lease(None)), START)
     assert not is_alive(None, START)
 
 

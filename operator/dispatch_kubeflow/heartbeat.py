@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
-
+from dispatch_kubeflow.clock import Clock
+from dispatch_kubeflow.constants import KIND_LEASE
 from dispatch_kubeflow.events import DispatchEvent, Evidence, heartbeat_event
+from dispatch_kubeflow.kube.leases import Lease
 
 DEFAULT_SKEW = timedelta(seconds=2)
 
@@ -31,82 +32,9 @@ REASON_RELEASED = "LeaseReleased"
 Gate = Literal["open", "closed"]
 
 
-class Clock(Protocol):
-    """Wall-clock time in UTC, and a way to wait until an instant of it."""
-
-    def now(self) -> datetime: ...
-
-    async def sleep_until(self, instant: datetime) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def sleep_until(self, instant: datetime) -> None:
-        # The timer re-checks after waking, so a wall clock stepped meanwhile only delays a check.
-        await asyncio.sleep(max(0.0, (instant - self.now()).total_seconds()))
-
-
-class LoopClock:
-    """Wall time as ``start`` plus the event loop's elapsed time: fake time follows looptime."""
-
-    def __init__(self, start: datetime) -> None:
-        self._start = start
-        self._origin: float | None = None
-
-    def _loop_time(self) -> float:
-        now = asyncio.get_running_loop().time()
-        if self._origin is None:
-            self._origin = now
-        return now - self._origin
-
-    def now(self) -> datetime:
-        return self._start + timedelta(seconds=self._loop_time())
-
-    async def sleep_until(self, instant: datetime) -> None:
-        remaining = (instant - self.now()).total_seconds()
-        if remaining > 0:
-            await asyncio.sleep(remaining)
-
-
-class LeaseReading(BaseModel):
-    """The fields of a Lease that say whether its holder is alive."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    holder: str | None = None
-    renew_time: AwareDatetime | None = None
-    duration: timedelta | None = None
-
-    @classmethod
-    def from_object(cls, lease: Mapping[str, Any]) -> LeaseReading:
-        spec = lease.get("spec") or {}
-        renew = spec.get("renewTime")
-        seconds = spec.get("leaseDurationSeconds")
-        return cls(
-            name=str((lease.get("metadata") or {}).get("name") or ""),
-            holder=spec.get("holderIdentity") or None,
-            renew_time=_parse_time(renew) if renew else None,
-            duration=timedelta(seconds=int(seconds)) if seconds is not None else None,
-        )
-
-    def expiry(self, skew: timedelta) -> datetime | None:
-        """The instant after which the holder counts as gone, or None when it never held it."""
-        if self.holder is None or self.renew_time is None or self.duration is None:
-            return None
-        return self.renew_time + self.duration + skew
-
-
-def _parse_time(value: Any) -> datetime:
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def is_alive(reading: LeaseReading | None, now: datetime, skew: timedelta = DEFAULT_SKEW) -> bool:
-    expiry = reading.expiry(skew) if reading is not None else None
+def is_alive(lease: Lease | None, now: datetime, skew: timedelta = DEFAULT_SKEW) -> bool:
+    """Whether the holder of ``lease`` counts as alive at ``now``."""
+    expiry = lease.expiry(skew) if lease is not None else None
     return expiry is not None and now < expiry
 
 
@@ -129,7 +57,7 @@ class LeaseHeartbeat:
         self.name = name
         self._clock = clock
         self._skew = skew
-        self._reading: LeaseReading | None = None
+        self._lease: Lease | None = None
         self._seen = False
         self._gate: Gate | None = None
         self._changed = asyncio.Event()
@@ -139,7 +67,7 @@ class LeaseHeartbeat:
         return self._gate
 
     def observe(self, lease: Mapping[str, Any] | None) -> DispatchEvent | None:
-        self._reading = LeaseReading.from_object(lease) if lease is not None else None
+        self._lease = Lease.from_object(lease) if lease is not None else None
         self._seen = True
         self._changed.set()
         return self._settle()
@@ -150,14 +78,13 @@ class LeaseHeartbeat:
 
     def _settle(self) -> DispatchEvent | None:
         now = self._clock.now()
-        reading = self._reading
-        gate: Gate = "open" if is_alive(reading, now, self._skew) else "closed"
+        gate: Gate = "open" if is_alive(self._lease, now, self._skew) else "closed"
         if gate == self._gate:
             return None
         self._gate = gate
-        reason, message = self._explain(gate, reading)
+        reason, message = self._explain(gate, self._lease)
         evidence = Evidence(
-            kind="Lease",
+            kind=KIND_LEASE,
             name=self.name,
             field="spec.renewTime",
             reason=reason,
@@ -167,18 +94,19 @@ class LeaseHeartbeat:
             gate=gate, now=now, reason=reason, message=message, evidence=(evidence,)
         )
 
-    def _explain(self, gate: Gate, reading: LeaseReading | None) -> tuple[str, str]:
+    def _explain(self, gate: Gate, lease: Lease | None) -> tuple[str, str]:
         where = f"Lease {self.namespace}/{self.name}"
-        if reading is None:
+        if lease is None:
             return REASON_MISSING, f"{where} does not exist"
-        if reading.holder is None:
+        if not lease.held:
             return REASON_RELEASED, f"{where} has no holder"
-        expiry = reading.expiry(self._skew)
+        holder = lease.holder_identity
+        expiry = lease.expiry(self._skew)
         if gate == "open":
-            return REASON_RENEWED, f"{where} held by {reading.holder}, valid until {expiry}"
+            return REASON_RENEWED, f"{where} held by {holder}, valid until {expiry}"
         return (
             REASON_EXPIRED,
-            f"{where} held by {reading.holder} was last renewed at {reading.renew_time}"
+            f"{where} held by {holder} was last renewed at {lease.renew_time}"
             f" and expired at {expiry} (including {self._skew.total_seconds():g}s skew allowance)",
         )
 
@@ -186,7 +114,7 @@ class LeaseHeartbeat:
         """Forever: sleep until the current renewal runs out (or a new one arrives), re-check."""
         while True:
             self._changed.clear()
-            expiry = self._reading.expiry(self._skew) if self._reading is not None else None
+            expiry = self._lease.expiry(self._skew) if self._lease is not None else None
             waiter = asyncio.ensure_future(self._changed.wait())
             try:
                 if expiry is not None and self._gate == "open":

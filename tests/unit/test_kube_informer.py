@@ -1,8 +1,8 @@
-"""The informer's relist after 410 and the index that routes changes to jobs.
+"""The informer's relist after 410, its resourceVersions and its paging, on canned answers.
 
 A real kube-apiserver cannot be made, on demand, to delete an object exactly while a watch is
 down and then answer 410, so the list/watch calls here are canned responses (the integration
-tests cover the same path against the real server, where the timing is not controllable).
+tests cover the same paths against the real server, where the timing is not controllable).
 """
 
 from __future__ import annotations
@@ -11,21 +11,10 @@ import asyncio
 import json
 from typing import Any
 
-import pytest
+from dispatch_kubeflow.constants import KIND_TRAINJOB, LABEL_ATTEMPT, LABEL_JOB
+from dispatch_kubeflow.kube.informer import Change, Informer, Synced
 
-from dispatch_kubeflow.constants import LABEL_ATTEMPT, LABEL_JOB
-from dispatch_kubeflow.watching import (
-    KIND_NODE,
-    KIND_POD,
-    KIND_TRAINJOB,
-    KIND_WORKLOAD,
-    Change,
-    Informer,
-    QueueItem,
-    Synced,
-    _Index,
-    trim,
-)
+QueueItem = Change | Synced
 
 
 class Content:
@@ -39,6 +28,7 @@ class Content:
 class Response:
     def __init__(self, status: int, body: Any = None, lines: list[dict[str, Any]] | None = None):
         self.status = status
+        self.reason = "canned"
         self._body = json.dumps(body).encode()
         self.content = Content(lines or [])
 
@@ -153,88 +143,3 @@ async def test_list_pages_are_followed_with_the_continue_token() -> None:
     await run_until_exhausted(informer, script)
     assert script.calls[1]["_continue"] == "tok"
     assert set(informer.cache) == {"a", "b"}
-
-
-def test_nodes_keep_only_noexecute_taints_and_pods_only_what_derivation_reads() -> None:
-    node = {
-        "metadata": {"name": "n1", "resourceVersion": "1", "labels": {"big": "x"}},
-        "spec": {
-            "taints": [
-                {"key": "a", "effect": "NoSchedule"},
-                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
-            ]
-        },
-        "status": {"images": ["lots"]},
-    }
-    assert trim(KIND_NODE, node) == {
-        "metadata": {"name": "n1", "resourceVersion": "1"},
-        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
-    }
-    pod = {**obj("p", "1"), "spec": {"nodeName": "n1", "containers": [{"name": "node"}]}}
-    assert trim(KIND_POD, pod)["spec"] == {"nodeName": "n1"}
-
-
-def test_index_routes_node_changes_to_the_jobs_with_pods_there() -> None:
-    index = _Index()
-    pod = {**obj("p", "1", job="j"), "spec": {"nodeName": "n1"}}
-    assert index.apply(Change(KIND_POD, "ADDED", trim(KIND_POD, pod))) == {("j", 1)}
-    tainted = {
-        "metadata": {"name": "n1"},
-        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
-    }
-    assert index.apply(Change(KIND_NODE, "MODIFIED", tainted)) == {("j", 1)}
-    assert index.apply(Change(KIND_NODE, "MODIFIED", tainted)) == set()  # no change, no work
-    assert index.apply(Change(KIND_NODE, "ADDED", {"metadata": {"name": "n2"}})) == set()
-    observed = index.observation(("j", 1), stopped=False)
-    assert [t.key for t in observed.node_taints["n1"]] == ["node.kubernetes.io/unreachable"]
-
-
-def test_index_tells_the_jobs_on_a_deleted_node_and_forgets_it_when_it_returns() -> None:
-    index = _Index()
-    pod = {**obj("p", "1", job="j"), "spec": {"nodeName": "n1"}}
-    index.apply(Change(KIND_POD, "ADDED", trim(KIND_POD, pod)))
-    node = {"metadata": {"name": "n1"}, "spec": {}}
-    assert index.apply(Change(KIND_NODE, "ADDED", node)) == set()
-    assert index.apply(Change(KIND_NODE, "DELETED", node)) == {("j", 1)}
-    assert index.observation(("j", 1), stopped=False).deleted_nodes == {"n1"}
-    # A node nobody's pods are on is not remembered.
-    assert index.apply(Change(KIND_NODE, "DELETED", {"metadata": {"name": "n2"}})) == set()
-    assert index.apply(Change(KIND_NODE, "ADDED", node)) == {("j", 1)}
-    assert index.observation(("j", 1), stopped=False).deleted_nodes == frozenset()
-
-
-def test_trimmed_pods_keep_the_reason_the_kubelet_failed_them_with() -> None:
-    pod = {
-        **obj("p", "1"),
-        "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": "m"},
-    }
-    assert trim(KIND_POD, pod)["status"] == {
-        "phase": "Failed",
-        "reason": "UnexpectedAdmissionError",
-        "message": "m",
-    }
-
-
-def test_index_matches_workloads_by_owner_uid_and_keeps_deleted_pods_as_evidence() -> None:
-    index = _Index()
-    tj = obj("j-1", "1", job="j")
-    tj["metadata"]["uid"] = "u1"
-    index.apply(Change(KIND_TRAINJOB, "ADDED", tj))
-    workload = {
-        "metadata": {"name": "w", "ownerReferences": [{"kind": "TrainJob", "uid": "u1"}]},
-        "spec": {},
-        "status": {},
-    }
-    assert index.apply(Change(KIND_WORKLOAD, "ADDED", workload)) == {("j", 1)}
-    index.apply(Change(KIND_POD, "DELETED", trim(KIND_POD, obj("p", "2", job="j"))))
-    observed = index.observation(("j", 1), stopped=False)
-    assert observed.workload == workload
-    assert observed.pods[0]["metadata"]["deletionTimestamp"] is not None
-
-
-@pytest.mark.parametrize("labels", [{}, {LABEL_JOB: "j"}, {LABEL_JOB: "j", LABEL_ATTEMPT: "x"}])
-def test_objects_without_job_labels_are_ignored(labels: dict[str, str]) -> None:
-    index = _Index()
-    body = {"metadata": {"name": "x", "labels": labels}, "spec": {}, "status": {}}
-    assert index.apply(Change(KIND_TRAINJOB, "ADDED", body)) == set()
-    assert index.job_keys() == set()

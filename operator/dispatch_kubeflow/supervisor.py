@@ -1,0 +1,389 @@
+"""One LIST+WATCH per kind for the whole adapter, turned into dispatch events.
+
+A job's story is spread over six kinds (TrainJobs, JobSets, pods, Kueue Workloads, nodes and the
+admission Lease). Watching each per job would cost a connection per job; polling would miss
+short-lived states and cost requests forever. So each kind gets exactly one ``kube.informer``
+loop, and ``Supervisor`` indexes what they see by (job, attempt) (``index.JobIndex``),
+re-derives a job whenever one of its objects (or a node one of its pods runs on) changes, and
+hands the derivation to the exactly-once ``Reporter`` of ``reporting``. Until every informer has
+listed once, nothing is derived: a job is judged from a complete picture, so a job that finished
+while nothing watched gets its ``Finished`` and nothing spurious before it.
+
+Where the reported records live is a ``ReportStore``; by default ``TrainJobAnnotationStore``
+keeps each on its TrainJob, reading it from the informer's cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
+from dispatch_kubeflow.constants import (
+    ANNOTATION_REPORTED,
+    JOBSET_GROUP,
+    JOBSET_VERSION,
+    JOBSETS,
+    KIND_JOBSET,
+    KIND_LEASE,
+    KIND_NODE,
+    KIND_POD,
+    KIND_TRAINJOB,
+    KIND_WORKLOAD,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    LABEL_ADAPTER,
+    MERGE_PATCH,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINJOBS,
+    WORKLOADS,
+)
+from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.events import DispatchEvent
+from dispatch_kubeflow.heartbeat import LeaseHeartbeat
+from dispatch_kubeflow.index import JobIndex, JobKey, job_key, loss_taints_of, trimmer
+from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, describe, is_not_found
+from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
+from dispatch_kubeflow.kube.objects import annotations_of, name_of, uid_of
+from dispatch_kubeflow.reporting import ListingReportStore, ReportedRecord, Reporter, ReportStore
+from dispatch_kubeflow.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Changes applied before the affected jobs are derived, when more keep arriving.
+FLUSH_EVERY = 100
+SAVE_RETRY_DELAY = 1.0
+# Record saves in flight at once when many jobs changed together.
+SAVE_CONCURRENCY = 32
+
+
+@dataclass(frozen=True)
+class StopNoted:
+    job: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Derive a job again: saving its record failed last time."""
+
+    key: JobKey
+
+
+QueueItem = Change | Synced | StopNoted | Retry | DispatchEvent
+
+
+class TrainJobAnnotationStore:
+    """Keeps the record as an annotation on the TrainJob itself.
+
+    Reads come from the informer's cache (the LIST after a restart carries the annotation), so
+    loading costs no request; each save is one merge patch. The record dies with the TrainJob,
+    which is why a job deleted while nothing watched cannot be reported as ``Vanished`` by this
+    store.
+    """
+
+    def __init__(
+        self,
+        api: client.CustomObjectsApi,
+        namespace: str,
+        lookup: Callable[[str, int], Mapping[str, Any] | None],
+        request_timeout: timedelta = timedelta(seconds=30),
+    ) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._lookup = lookup
+        self._timeout = request_timeout.total_seconds()
+        self.requests = 0
+
+    async def load(self, job: str, attempt: int) -> ReportedRecord | None:
+        train_job = self._lookup(job, attempt)
+        annotations = annotations_of(train_job) if train_job else {}
+        return ReportedRecord.from_json(annotations.get(ANNOTATION_REPORTED))
+
+    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None:
+        """One merge patch; a TrainJob deleted meanwhile needs no record."""
+        train_job = self._lookup(job, attempt)
+        if train_job is None:
+            return
+        self.requests += 1
+        body = {"metadata": {"annotations": {ANNOTATION_REPORTED: record.to_json()}}}
+        # The typed stub omits _content_type; without it a dict body goes out as a JSON patch.
+        patch: Callable[..., Awaitable[Any]] = self._api.patch_namespaced_custom_object
+        try:
+            await patch(
+                TRAINER_GROUP,
+                TRAINER_VERSION,
+                self._namespace,
+                TRAINJOBS,
+                name_of(train_job),
+                body,
+                _content_type=MERGE_PATCH,
+                _request_timeout=self._timeout,
+            )
+        except REQUEST_ERRORS as error:
+            if not is_not_found(error):
+                raise
+
+
+class Supervisor:
+    """Watches everything of one adapter and yields its dispatch events, each transition once.
+
+    ``store`` keeps the last reported record of each job (default: an annotation on the
+    TrainJob). ``clock`` stamps events and drives the Lease timer.
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        settings: Settings,
+        adapter_name: str = "default",
+        store: ReportStore | None = None,
+        clock: Clock | None = None,
+        *,
+        watch_timeout: timedelta = DEFAULT_WATCH_TIMEOUT,
+    ) -> None:
+        self._api = api_client
+        self._settings = settings
+        self.adapter_name = adapter_name
+        self._clock: Clock = clock or SYSTEM_CLOCK
+        self._watch_timeout = watch_timeout
+        self._index = JobIndex()
+        self._custom = client.CustomObjectsApi(api_client)
+        self._store: ReportStore = store or TrainJobAnnotationStore(
+            self._custom,
+            settings.namespace,
+            lambda job, attempt: self._index.train_jobs.get((job, attempt)),
+            settings.timeouts.request,
+        )
+        self._reporter = Reporter(self._store)
+        self._loss_taints = loss_taints_of(settings)
+        # job -> UIDs of its TrainJobs when stop_job was called: a TrainJob created later (the
+        # same job id used again) is not stopped.
+        self._stopped: dict[str, set[str]] = {}
+        self._finished: set[JobKey] = set()
+        self._uids: dict[JobKey, str] = {}
+        self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
+        self.informers: list[Informer] = []
+        self._heartbeat: LeaseHeartbeat | None = None
+
+    @property
+    def store(self) -> ReportStore:
+        return self._store
+
+    def requests(self) -> int:
+        """API requests made so far by the informers and the store."""
+        count = sum(i.requests for i in self.informers)
+        return count + int(getattr(self._store, "requests", 0))
+
+    def note_stopped(self, job: str) -> None:
+        """stop_job was called for ``job``: its attempts end as Stopped, not Vanished."""
+        uids = {uid for key, uid in self._uids.items() if key[0] == job}
+        self._stopped.setdefault(job, set()).update(uids)
+        self._queue.put_nowait(StopNoted(job))
+
+    def _is_stopped(self, key: JobKey) -> bool:
+        uids = self._stopped.get(key[0])
+        if uids is None:
+            return False
+        train_job = self._index.train_jobs.get(key)
+        return train_job is None or uid_of(train_job) in uids
+
+    def _note_train_job(self, change: Change) -> None:
+        """A TrainJob with a new UID for a known (job, attempt) is a new job: forget the old."""
+        key = job_key(change.obj)
+        uid = uid_of(change.obj)
+        if key is None or not uid or change.type == "DELETED":
+            return
+        previous = self._uids.get(key)
+        self._uids[key] = uid
+        if previous is not None and previous != uid:
+            self._finished.discard(key)
+            self._reporter.forget(*key)
+
+    def _selector(self) -> str:
+        return f"{LABEL_ADAPTER}={self.adapter_name}"
+
+    def _informer(self, kind: str, list_fn: ListFn) -> Informer:
+        return Informer(
+            kind,
+            list_fn,
+            self._queue.put,
+            trim=trimmer(kind),
+            watch_timeout=self._watch_timeout,
+            request_timeout=self._settings.timeouts.request,
+        )
+
+    def _informers(self) -> list[Informer]:
+        ns = self._settings.namespace
+        core = client.CoreV1Api(self._api)
+        custom = self._custom
+
+        def custom_list(group: str, version: str, plural: str, **selectors: Any) -> ListFn:
+            async def call(**kwargs: Any) -> Any:
+                return await custom.list_namespaced_custom_object(
+                    group, version, ns, plural, **selectors, **kwargs
+                )
+
+            return call
+
+        def core_list(fn: Callable[..., Awaitable[Any]], *args: Any, **selectors: Any) -> ListFn:
+            async def call(**kwargs: Any) -> Any:
+                return await fn(*args, **selectors, **kwargs)
+
+            return call
+
+        selector = self._selector()
+        informers = [
+            self._informer(
+                KIND_TRAINJOB,
+                custom_list(TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, label_selector=selector),
+            ),
+            self._informer(
+                KIND_JOBSET,
+                custom_list(JOBSET_GROUP, JOBSET_VERSION, JOBSETS, label_selector=selector),
+            ),
+            self._informer(
+                KIND_POD, core_list(core.list_namespaced_pod, ns, label_selector=selector)
+            ),
+            self._informer(KIND_NODE, core_list(core.list_node)),
+        ]
+        kueue = self._settings.kueue
+        if kueue is not None:
+            informers.append(
+                self._informer(KIND_WORKLOAD, custom_list(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS))
+            )
+            lease = kueue.admission_lease
+            coordination = client.CoordinationV1Api(self._api)
+            informers.append(
+                self._informer(
+                    KIND_LEASE,
+                    core_list(
+                        coordination.list_namespaced_lease,
+                        lease.namespace,
+                        field_selector=f"metadata.name={lease.name}",
+                    ),
+                )
+            )
+            self._heartbeat = LeaseHeartbeat(
+                namespace=lease.namespace, name=lease.name, clock=self._clock
+            )
+        return informers
+
+    async def events(self) -> AsyncIterator[DispatchEvent]:
+        """Every dispatch event of the adapter, forever; each job transition exactly once."""
+        self.informers = self._informers()
+        tasks = [asyncio.create_task(i.run(), name=f"watch-{i.kind}") for i in self.informers]
+        if self._heartbeat is not None:
+            tasks.append(asyncio.create_task(self._heartbeat.run_timer(self._queue.put)))
+        pending_sync = {i.kind for i in self.informers}
+        dirty: set[JobKey] = set()
+        unflushed = 0
+        try:
+            while True:
+                item = await self._next(tasks)
+                if isinstance(item, DispatchEvent):
+                    yield item
+                    continue
+                if isinstance(item, Synced):
+                    pending_sync.discard(item.kind)
+                    if item.kind == KIND_LEASE:
+                        event = self._observe_lease()
+                        if event is not None:
+                            yield event
+                    if pending_sync:
+                        continue
+                    dirty |= self._index.job_keys() | await self._unfinished_in_store()
+                elif isinstance(item, Retry):
+                    dirty.add(item.key)
+                elif isinstance(item, StopNoted):
+                    dirty |= {k for k in self._index.job_keys() if k[0] == item.job}
+                elif item.kind == KIND_LEASE:
+                    event = self._observe_lease()
+                    if event is not None:
+                        yield event
+                    continue
+                else:
+                    if item.kind == KIND_TRAINJOB:
+                        self._note_train_job(item)
+                    dirty |= self._index.apply(item)
+                unflushed += 1
+                if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
+                    continue  # coalesce a burst of changes before deriving
+                keys, dirty, unflushed = sorted(dirty), set(), 0
+                for events in await self._report_all(keys):
+                    for event in events:
+                        yield event
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _next(self, tasks: list[asyncio.Task[None]]) -> QueueItem:
+        getter = asyncio.ensure_future(self._queue.get())
+        done, _ = await asyncio.wait({getter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        for task in done:
+            task.result()  # a watch loop only ends by raising: surface it
+        raise RuntimeError("a watch loop ended")
+
+    def _observe_lease(self) -> DispatchEvent | None:
+        if self._heartbeat is None:
+            return None
+        informer = next(i for i in self.informers if i.kind == KIND_LEASE)
+        return self._heartbeat.observe(
+            informer.get(self._heartbeat.name, self._heartbeat.namespace)
+        )
+
+    async def _unfinished_in_store(self) -> set[JobKey]:
+        if isinstance(self._store, ListingReportStore):
+            return set(await self._store.unfinished())
+        return set()
+
+    async def _report_all(self, keys: list[JobKey]) -> list[list[DispatchEvent]]:
+        """Derive and report many jobs at once: their record saves go out concurrently."""
+        gate = asyncio.Semaphore(SAVE_CONCURRENCY)
+
+        async def one(key: JobKey) -> list[DispatchEvent]:
+            async with gate:
+                return await self._report(key)
+
+        return list(await asyncio.gather(*(one(key) for key in keys)))
+
+    async def _report(self, key: JobKey) -> list[DispatchEvent]:
+        if key in self._finished:
+            self._forget_if_gone(key)
+            return []
+        obs = self._index.observation(key, stopped=self._is_stopped(key))
+        status = derive(obs, loss_taints=self._loss_taints)
+        train_job = self._index.train_jobs.get(key)
+        try:
+            events = await self._reporter.report(
+                job=key[0],
+                attempt=key[1],
+                train_job=name_of(train_job) if train_job else f"{key[0]}-{key[1]}",
+                status=status,
+                now=self._clock.now(),
+            )
+        except REQUEST_ERRORS as error:
+            # Nothing counts as reported until the store holds it: try again shortly.
+            log.warning("saving the reported record of %s failed: %s", key, describe(error))
+            loop = asyncio.get_running_loop()
+            loop.call_later(SAVE_RETRY_DELAY, self._queue.put_nowait, Retry(key))
+            return []
+        record = await self._reporter.record_of(*key)
+        if record is not None and record.finished:
+            self._finished.add(key)
+            self._forget_if_gone(key)
+        return events
+
+    def _forget_if_gone(self, key: JobKey) -> None:
+        if self._index.all_gone(key):
+            self._index.forget(key)

@@ -1,0 +1,115 @@
+"""The job index: what is kept of each kind, and how a change is routed to the jobs it affects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dispatch_kubeflow.constants import (
+    KIND_NODE,
+    KIND_POD,
+    KIND_TRAINJOB,
+    KIND_WORKLOAD,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+)
+from dispatch_kubeflow.index import JobIndex, trim
+from dispatch_kubeflow.kube.informer import Change
+
+
+def obj(name: str, rv: str, job: str = "j") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": rv,
+            "labels": {LABEL_JOB: job, LABEL_ATTEMPT: "1"},
+        },
+        "spec": {},
+        "status": {},
+    }
+
+
+def test_nodes_keep_only_noexecute_taints_and_pods_only_what_derivation_reads() -> None:
+    node = {
+        "metadata": {"name": "n1", "resourceVersion": "1", "labels": {"big": "x"}},
+        "spec": {
+            "taints": [
+                {"key": "a", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+            ]
+        },
+        "status": {"images": ["lots"]},
+    }
+    assert trim(KIND_NODE, node) == {
+        "metadata": {"name": "n1", "resourceVersion": "1"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+    }
+    pod = {**obj("p", "1"), "spec": {"nodeName": "n1", "containers": [{"name": "node"}]}}
+    assert trim(KIND_POD, pod)["spec"] == {"nodeName": "n1"}
+
+
+def test_index_routes_node_changes_to_the_jobs_with_pods_there() -> None:
+    index = JobIndex()
+    pod = {**obj("p", "1", job="j"), "spec": {"nodeName": "n1"}}
+    assert index.apply(Change(KIND_POD, "ADDED", trim(KIND_POD, pod))) == {("j", 1)}
+    tainted = {
+        "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+    }
+    assert index.apply(Change(KIND_NODE, "MODIFIED", tainted)) == {("j", 1)}
+    assert index.apply(Change(KIND_NODE, "MODIFIED", tainted)) == set()  # no change, no work
+    assert index.apply(Change(KIND_NODE, "ADDED", {"metadata": {"name": "n2"}})) == set()
+    observed = index.observation(("j", 1), stopped=False)
+    assert [t.key for t in observed.node_taints["n1"]] == ["node.kubernetes.io/unreachable"]
+
+
+def test_index_tells_the_jobs_on_a_deleted_node_and_forgets_it_when_it_returns() -> None:
+    index = JobIndex()
+    pod = {**obj("p", "1", job="j"), "spec": {"nodeName": "n1"}}
+    index.apply(Change(KIND_POD, "ADDED", trim(KIND_POD, pod)))
+    node = {"metadata": {"name": "n1"}, "spec": {}}
+    assert index.apply(Change(KIND_NODE, "ADDED", node)) == set()
+    assert index.apply(Change(KIND_NODE, "DELETED", node)) == {("j", 1)}
+    assert index.observation(("j", 1), stopped=False).deleted_nodes == {"n1"}
+    # A node nobody's pods are on is not remembered.
+    assert index.apply(Change(KIND_NODE, "DELETED", {"metadata": {"name": "n2"}})) == set()
+    assert index.apply(Change(KIND_NODE, "ADDED", node)) == {("j", 1)}
+    assert index.observation(("j", 1), stopped=False).deleted_nodes == frozenset()
+
+
+def test_trimmed_pods_keep_the_reason_the_kubelet_failed_them_with() -> None:
+    pod = {
+        **obj("p", "1"),
+        "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": "m"},
+    }
+    assert trim(KIND_POD, pod)["status"] == {
+        "phase": "Failed",
+        "reason": "UnexpectedAdmissionError",
+        "message": "m",
+    }
+
+
+def test_index_matches_workloads_by_owner_uid_and_keeps_deleted_pods_as_evidence() -> None:
+    index = JobIndex()
+    tj = obj("j-1", "1", job="j")
+    tj["metadata"]["uid"] = "u1"
+    index.apply(Change(KIND_TRAINJOB, "ADDED", tj))
+    workload = {
+        "metadata": {"name": "w", "ownerReferences": [{"kind": "TrainJob", "uid": "u1"}]},
+        "spec": {},
+        "status": {},
+    }
+    assert index.apply(Change(KIND_WORKLOAD, "ADDED", workload)) == {("j", 1)}
+    index.apply(Change(KIND_POD, "DELETED", trim(KIND_POD, obj("p", "2", job="j"))))
+    observed = index.observation(("j", 1), stopped=False)
+    assert observed.workload == workload
+    assert observed.pods[0]["metadata"]["deletionTimestamp"] is not None
+
+
+@pytest.mark.parametrize("labels", [{}, {LABEL_JOB: "j"}, {LABEL_JOB: "j", LABEL_ATTEMPT: "x"}])
+def test_objects_without_job_labels_are_ignored(labels: dict[str, str]) -> None:
+    index = JobIndex()
+    body = {"metadata": {"name": "x", "labels": labels}, "spec": {}, "status": {}}
+    assert index.apply(Change(KIND_TRAINJOB, "ADDED", body)) == set()
+    assert index.job_keys() == set()
