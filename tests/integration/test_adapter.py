@@ -25,8 +25,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dispatch_kubeflow import connection
-from dispatch_kubeflow.adapter import Adapter, AdapterConfig, check_trainer_api
+from dispatch_kubeflow.adapter import Adapter, AdapterConfig
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
@@ -41,7 +40,9 @@ from dispatch_kubeflow.constants import (
     State,
 )
 from dispatch_kubeflow.errors import ErrInvalid, ErrNotFound, ErrOutcomeUnknown, ErrUnsupported
+from dispatch_kubeflow.kube import connection
 from dispatch_kubeflow.kube.connection import connect
+from dispatch_kubeflow.probe import check_trainer_api
 from dispatch_kubeflow.settings import (
     Cluster,
     Credential,
@@ -51,6 +52,7 @@ from dispatch_kubeflow.settings import (
     Settings,
     Timeouts,
 )
+from dispatch_kubeflow.starting import create_trainjob
 from dispatch_kubeflow.trainjob import EnvVar, JobSpec, build_trainjob, spec_hash
 from tests.cluster.controlplane import ControlPlane
 
@@ -684,7 +686,7 @@ async def test_each_runtime_rule_refuses_a_start_naming_runtime_and_rule(
         await create_runtime(kube_api, namespace, {**broken(change), "metadata": {"name": name}})
         refs.append(RuntimeRef(kind="TrainingRuntime", name=name))
     permissive = adapter.settings.model_copy(update={"runtimes": (RUNTIME, *refs)})
-    adapter.settings = permissive
+    adapter.scope.settings = permissive
     for (name, _, rule), ref in zip(RULES, refs, strict=True):
         message = await raises(ErrUnsupported, adapter.start(JobSpec(job_id=name, runtime=ref)))
         assert message.startswith(f"runtime TrainingRuntime '{name}' is refused: "), message
@@ -748,7 +750,7 @@ async def test_a_create_that_cannot_be_confirmed_is_outcome_unknown(
     body = build_trainjob(job, adapter.settings, adapter.adapter_name)
     cluster.stop_apiserver()
     try:
-        message = await raises(ErrOutcomeUnknown, adapter._create_trainjob(body))
+        message = await raises(ErrOutcomeUnknown, create_trainjob(adapter.scope, body))
     finally:
         cluster.start_apiserver()
     assert "creating TrainJob unsure-1" in message

@@ -55,6 +55,11 @@ def is_gone(error: BaseException) -> bool:
     return status_of(error) == HTTP_GONE
 
 
+def is_invalid(error: BaseException) -> bool:
+    """HTTP 422: the apiserver refused an object as invalid (its schema or validation rules)."""
+    return status_of(error) == HTTP_UNPROCESSABLE
+
+
 def is_forbidden(error: BaseException) -> bool:
     return status_of(error) == HTTP_FORBIDDEN
 

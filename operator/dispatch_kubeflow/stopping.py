@@ -1,0 +1,66 @@
+"""stop_job (SPEC §3): delete every TrainJob of a job, then read back until nothing is left.
+
+Deleting the TrainJobs is enough: the garbage collector takes their JobSets, pods and Workloads
+after them (background propagation, so the TrainJob goes at once). Whether it has is only known
+by reading back, so ``stop`` repeats ``finding.objects_of`` (quickly at first, then slower, so a
+quick stop costs few requests) until nothing of the job is left, and past the bound names what
+remains and what holds it. ``start`` deletes through ``delete_trainjobs`` too, when Kueue makes
+no Workload for its TrainJob.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from kubernetes_asyncio import client
+
+from dispatch_kubeflow.constants import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
+from dispatch_kubeflow.errors import OutcomeUnknownError
+from dispatch_kubeflow.finding import objects_of
+from dispatch_kubeflow.gotime import format_duration
+from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, to_dispatch_error
+from dispatch_kubeflow.scope import Scope
+from dispatch_kubeflow.trainjob import job_selector
+
+# The read-backs start fast and slow down, so a quick stop costs few requests.
+FIRST_POLL = 0.05
+LONGEST_POLL = 1.0
+
+
+async def stop(scope: Scope, job_id: str, within: timedelta) -> None:
+    """Delete the job's TrainJobs; ``ErrOutcomeUnknown`` naming what remains after ``within``."""
+    await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within.total_seconds()
+    pause = FIRST_POLL
+    while True:
+        objects = await objects_of(scope, job_id)
+        if objects.empty():
+            return
+        if loop.time() >= deadline:
+            raise OutcomeUnknownError(
+                f"stop_job {job_id}: after {format_duration(within)} these remain: "
+                + ", ".join(objects.described())
+            )
+        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        pause = min(pause * 2, LONGEST_POLL)
+
+
+async def delete_trainjobs(scope: Scope, selector: str, *, field: bool = False) -> None:
+    """Delete the TrainJobs a label selector (or, with ``field``, a field selector) picks."""
+    options = client.V1DeleteOptions(propagation_policy="Background")
+    try:
+        await scope.custom.delete_collection_namespaced_custom_object(
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            scope.namespace,
+            TRAINJOBS,
+            body=options,
+            field_selector=selector if field else "",
+            label_selector="" if field else selector,
+        )
+    except REQUEST_ERRORS as error:
+        raise to_dispatch_error(
+            f"deleting TrainJobs ({selector})", error, verb="deletecollection", resource=TRAINJOBS
+        ) from None
