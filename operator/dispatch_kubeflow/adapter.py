@@ -11,7 +11,6 @@ This module is the facade: each operation lives in its own module (``probe``, ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Annotated, Literal, Self
@@ -27,12 +26,11 @@ from dispatch_kubeflow.probe import preflight_probe
 from dispatch_kubeflow.reporting import ReportStore
 from dispatch_kubeflow.scope import Scope
 from dispatch_kubeflow.settings import Declarations, Settings, parse_settings
+from dispatch_kubeflow.settings.names import is_label_value
 from dispatch_kubeflow.supervisor import Supervisor
 from dispatch_kubeflow.trainjob import JobRef, JobSpec
 
 __all__ = ["Adapter", "AdapterConfig", "AttemptFound", "Found"]
-
-LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class AdapterConfig(BaseModel):
@@ -150,7 +148,7 @@ def _settings_of(value: Settings | str | bytes) -> Settings:
 
 
 def _check_adapter_name(name: str) -> None:
-    if not LABEL_VALUE.match(name) or len(name) > 63:
+    if not name or not is_label_value(name):
         raise InvalidError(
             f"adapter name {name!r} is not a label value (at most 63 letters, digits, '-', '_' "
             "or '.', beginning and ending with a letter or digit)"

@@ -44,7 +44,8 @@ from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_not_found, to_di
 from dispatch_kubeflow.kube.informer import ListFn, list_all
 from dispatch_kubeflow.kube.objects import dig, is_deleting, labels_of, mappings, name_of, text
 from dispatch_kubeflow.scope import Scope
-from dispatch_kubeflow.trainjob import RFC1035_LABEL, job_selector
+from dispatch_kubeflow.settings.names import is_rfc1035_label
+from dispatch_kubeflow.trainjob import job_selector
 
 Obj = dict[str, Any]
 # A job id leaves room for "-<attempt>" in an RFC 1035 label of 63 characters.
@@ -121,7 +122,7 @@ class JobObjects(BaseModel):
 
 def check_job_id(job_id: str) -> None:
     """Refuse a job id that no job of ours can have (``ErrInvalid``)."""
-    if not RFC1035_LABEL.match(job_id) or len(job_id) > JOB_ID_MAX:
+    if not is_rfc1035_label(job_id, limit=JOB_ID_MAX):
         raise InvalidError(
             f"job id {job_id!r} is not an RFC 1035 label of at most {JOB_ID_MAX} characters"
         )

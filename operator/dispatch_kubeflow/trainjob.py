@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Self
 
@@ -41,11 +40,9 @@ from dispatch_kubeflow.constants import (
 )
 from dispatch_kubeflow.errors import ErrInvalid
 from dispatch_kubeflow.settings import RuntimeRef, Settings
+from dispatch_kubeflow.settings.names import is_object_name, is_rfc1035_label
 
 MAX_NAME_LENGTH = 63
-RFC1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-MAX_OBJECT_NAME_LENGTH = 253
 CREDENTIAL_VOLUME_PREFIX = "dispatch-credential-"
 # Secret volumes are readable by the owner only: 0o400.
 CREDENTIAL_MODE = 0o400
@@ -107,7 +104,7 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _check_names(self) -> Self:
-        if not RFC1035_LABEL.match(self.job_id):
+        if not is_rfc1035_label(self.job_id):
             raise ErrInvalid(
                 f"job spec: jobId {self.job_id!r} is not an RFC 1035 label "
                 "(lower-case letters, digits and '-', starting with a letter)"
@@ -118,7 +115,7 @@ class JobSpec(_Model):
                 f"job spec: jobId {self.job_id!r} is too long: the TrainJob name {name!r} "
                 f"has {len(name)} characters, at most {MAX_NAME_LENGTH} are allowed"
             )
-        if self.runtime is not None and not _is_object_name(self.runtime.name):
+        if self.runtime is not None and not is_object_name(self.runtime.name):
             raise ErrInvalid(
                 f"job spec: runtime.name {self.runtime.name!r} is not a Kubernetes object name"
             )
@@ -141,10 +138,6 @@ class JobRef(_Model):
     runtime: RuntimeRef
     spec_hash: str
     workload: str | None = None
-
-
-def _is_object_name(name: str) -> bool:
-    return len(name) <= MAX_OBJECT_NAME_LENGTH and DNS_SUBDOMAIN.match(name) is not None
 
 
 def _first_error(error: ValidationError) -> str:

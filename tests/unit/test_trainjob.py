@@ -67,6 +67,7 @@ class TestJobSpec:
             ({"jobId": "Train"}, "jobId"),
             ({"jobId": "1train"}, "jobId"),
             ({"jobId": "train-"}, "jobId"),
+            ({"jobId": "train\n"}, "jobId"),
             ({"jobId": "train", "attempt": 0}, "attempt"),
             ({"jobId": "train", "attempt": "1"}, "attempt"),
             ({"jobId": "train", "numNodes": 0}, "numNodes"),
@@ -79,6 +80,7 @@ class TestJobSpec:
             ({"jobId": "train", "runtime": {"kind": "Other", "name": "x"}}, "runtime"),
             ({"jobId": "train", "numnodes": 2}, "numnodes"),
             ({"jobId": "train", "runtime": {"kind": "TrainingRuntime", "name": "A_b"}}, "runtime"),
+            ({"jobId": "train", "runtime": {"kind": "TrainingRuntime", "name": "a\n"}}, "runtime"),
         ],
     )
     def test_refuses_a_bad_field_naming_it(self, data: dict[str, Any], field: str) -> None:

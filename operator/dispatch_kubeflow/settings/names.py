@@ -26,6 +26,8 @@ _NAME_PART: Final = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _PREFIX_PART: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
 QUALIFIED_NAME_PATTERN: Final = rf"^(?:{_PREFIX_PART}/)?{_NAME_PART}$"
 LABEL_VALUE_PATTERN: Final = rf"^(?:{_NAME_PART})?$"
+# A job id: the TrainJob named after it must be an RFC 1035 label (a CEL rule of Trainer's CRD).
+RFC1035_LABEL_PATTERN: Final = r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$"
 
 
 def _literal(text: str) -> str:
@@ -60,7 +62,25 @@ _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN.rstrip("$") + r"\Z")
 _NAME = re.compile(_NAME_PART + r"\Z")
 _QUALIFIED_NAME = re.compile(QUALIFIED_NAME_PATTERN.rstrip("$") + r"\Z")
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN.rstrip("$") + r"\Z")
+_RFC1035_LABEL = re.compile(RFC1035_LABEL_PATTERN.rstrip("$") + r"\Z")
 _IMAGE = re.compile(IMAGE_DIGEST_PATTERN.rstrip("$") + r"\Z")
+
+
+def is_rfc1035_label(value: str, limit: int = LABEL_MAX) -> bool:
+    """At most ``limit`` characters of a-z, 0-9 and '-', beginning with a letter, ending with a
+    letter or digit."""
+    return len(value) <= limit and _RFC1035_LABEL.match(value) is not None
+
+
+def is_object_name(value: str) -> bool:
+    """A Kubernetes object name: an RFC 1123 subdomain of at most 253 characters."""
+    return len(value) <= SUBDOMAIN_MAX and _DNS_SUBDOMAIN.match(value) is not None
+
+
+def is_label_value(value: str) -> bool:
+    """A label value: empty, or at most 63 characters of A-Z, a-z, 0-9, '-', '_' and '.',
+    beginning and ending with a letter or digit."""
+    return len(value) <= LABEL_MAX and _LABEL_VALUE.match(value) is not None
 
 
 def check_dns_label(value: str, what: str = "an RFC 1123 label") -> str:
