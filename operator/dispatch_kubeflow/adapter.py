@@ -11,7 +11,7 @@ This module is the facade: each operation lives in its own module (``probe``, ``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Annotated, Literal, Self
 
@@ -136,7 +136,7 @@ class Adapter:
         """Make the job's admission check ``Rejected`` with ``reason``."""
         await gate.reject(self.scope, job_id, reason)
 
-    def watch(self) -> AsyncIterator[DispatchEvent]:
+    def watch(self) -> AsyncGenerator[DispatchEvent, None]:
         """Every dispatch event of this adapter: one watch per kind, each transition once."""
         return self.supervisor.events()
 

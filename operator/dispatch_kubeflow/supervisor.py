@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -275,7 +275,7 @@ class Supervisor:
             )
         return informers
 
-    async def events(self) -> AsyncIterator[DispatchEvent]:
+    async def events(self) -> AsyncGenerator[DispatchEvent, None]:
         """Every dispatch event of the adapter, forever; each job transition exactly once."""
         self.informers = self._informers()
         tasks = [asyncio.create_task(i.run(), name=f"watch-{i.kind}") for i in self.informers]

@@ -109,7 +109,7 @@ class Kube:
         )
         return found
 
-    async def list(
+    async def list_objects(
         self, resource: tuple[str, str, str], selector: str = ""
     ) -> list[dict[str, Any]]:
         group, version, plural = resource
@@ -124,5 +124,5 @@ class Kube:
         return list(found.items)
 
     async def workload_of(self, trainjob_uid: str) -> dict[str, Any] | None:
-        items = await self.list(WORKLOAD, f"kueue.x-k8s.io/job-uid={trainjob_uid}")
+        items = await self.list_objects(WORKLOAD, f"kueue.x-k8s.io/job-uid={trainjob_uid}")
         return items[0] if items else None

@@ -214,7 +214,8 @@ async def create_local_queue(api: client.ApiClient, namespace: str, name: str = 
 
 
 async def whoami(api: client.ApiClient) -> str:
-    review = await client.AuthenticationV1Api(api).create_self_subject_review(
+    authentication: Any = client.AuthenticationV1Api(api)  # takes a plain dict as the body
+    review = await authentication.create_self_subject_review(
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     )
     username: str = review.status.user_info.username
@@ -798,7 +799,8 @@ async def make_jobset_and_pod(
             "spec": {"replicatedJobs": []},
         },
     )
-    pod = await client.CoreV1Api(api).create_namespaced_pod(
+    core: Any = client.CoreV1Api(api)  # takes a plain dict as the body
+    pod = await core.create_namespaced_pod(
         namespace,
         {
             "metadata": {
@@ -858,7 +860,8 @@ async def test_stop_job_reports_what_a_finalizer_holds(
             assert message.startswith("stop_job held: after 1s these remain: ")
             assert f"JobSet/held-1 (finalizers: {HOLD})" in message
         finally:
-            await client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+            objects: Any = client.CustomObjectsApi(kube_api)  # its signature omits _content_type
+            await objects.patch_namespaced_custom_object(
                 *JOBSET,
                 namespace,
                 "jobsets",
@@ -930,7 +933,8 @@ async def test_readmit_and_reject_annotate_the_current_trainjob(
         assert opened.readmission_gate == "yes"
         await opened.start(JobSpec(job_id="gated"))
         ref = await opened.start(JobSpec(job_id="gated", attempt=2))
-        await client.CustomObjectsApi(kube_api).patch_namespaced_custom_object_status(
+        objects: Any = client.CustomObjectsApi(kube_api)  # its signature omits _content_type
+        await objects.patch_namespaced_custom_object_status(
             *KUEUE,
             namespace,
             "workloads",
@@ -1029,7 +1033,7 @@ async def test_a_missing_kubeconfig_is_refused(
 
 
 async def service_account_token(api: client.ApiClient, namespace: str, name: str) -> str:
-    core = client.CoreV1Api(api)
+    core: Any = client.CoreV1Api(api)  # takes a plain dict as the body
     await core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
     issued = await core.create_namespaced_service_account_token(
         name, namespace, {"spec": {"expirationSeconds": 600}}

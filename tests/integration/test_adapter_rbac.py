@@ -121,7 +121,8 @@ async def test_watch_starts_with_the_chart_rules(
 async def test_the_chart_rules_grant_no_secret(
     namespace: str, kube_api: client.ApiClient, restricted_kubeconfig: Path
 ) -> None:
-    await client.CoreV1Api(kube_api).create_namespaced_secret(
+    core: Any = client.CoreV1Api(kube_api)  # takes a plain dict as the body
+    await core.create_namespaced_secret(
         namespace, {"metadata": {"name": "s3"}, "stringData": {"key": "value"}}
     )
     api = await config.new_client_from_config(config_file=str(restricted_kubeconfig))

@@ -59,12 +59,13 @@ class World:
         self.nodes: list[str] = []
 
     @property
-    def custom(self) -> client.CustomObjectsApi:
+    def custom(self) -> Any:
+        # Any: the generated signatures omit _content_type and take plain dicts as bodies too.
         return client.CustomObjectsApi(self.api)
 
     @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)  # takes a plain dict as the body
 
     def labels(self, job: str, attempt: int) -> dict[str, str]:
         return {
@@ -224,7 +225,7 @@ class World:
         await patch(name, {"spec": {"taints": list(taints)}}, _content_type=MERGE)
 
     async def lease(self, holder: str, renew: datetime, duration: int) -> None:
-        leases = client.CoordinationV1Api(self.api)
+        leases: Any = client.CoordinationV1Api(self.api)  # takes a plain dict as the body
         spec = {
             "holderIdentity": holder,
             "leaseDurationSeconds": duration,
