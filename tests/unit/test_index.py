@@ -7,15 +7,19 @@ from typing import Any
 import pytest
 
 from dispatch_kubeflow.constants import (
+    BUILTIN_LOSS_TAINTS,
     KIND_NODE,
     KIND_POD,
     KIND_TRAINJOB,
     KIND_WORKLOAD,
     LABEL_ATTEMPT,
     LABEL_JOB,
+    TAINT_UNREACHABLE,
 )
-from dispatch_kubeflow.index import JobIndex, trim
+from dispatch_kubeflow.events import Taint
+from dispatch_kubeflow.index import JobIndex, loss_taints_of, node_taints, trim
 from dispatch_kubeflow.kube.informer import Change
+from dispatch_kubeflow.settings import RuntimeRef, Settings
 
 
 def obj(name: str, rv: str, job: str = "j") -> dict[str, Any]:
@@ -113,3 +117,32 @@ def test_objects_without_job_labels_are_ignored(labels: dict[str, str]) -> None:
     body = {"metadata": {"name": "x", "labels": labels}, "spec": {}, "status": {}}
     assert index.apply(Change(KIND_TRAINJOB, "ADDED", body)) == set()
     assert index.job_keys() == set()
+
+
+def test_node_taints_are_the_noexecute_ones_whatever_else_a_taint_carries() -> None:
+    """find and the watch read a node the same way; Kubernetes stamps NoExecute taints with
+    timeAdded, which the Taint model does not have."""
+    node = {
+        "spec": {
+            "taints": [
+                {
+                    "key": TAINT_UNREACHABLE,
+                    "effect": "NoExecute",
+                    "timeAdded": "2026-01-01T12:00:00Z",
+                },
+                {"key": TAINT_UNREACHABLE, "effect": "NoSchedule"},
+                "not a taint",
+            ]
+        }
+    }
+    assert node_taints(node) == (Taint(key=TAINT_UNREACHABLE, effect="NoExecute"),)
+    assert node_taints({}) == ()
+
+
+def test_loss_taints_are_kubernetes_own_and_the_adapters() -> None:
+    settings = Settings(
+        namespace="ns",
+        runtimes=(RuntimeRef(kind="TrainingRuntime", name="r"),),
+        node_loss_taints=("example.com/spot-reclaim",),
+    )
+    assert loss_taints_of(settings) == {*BUILTIN_LOSS_TAINTS, "example.com/spot-reclaim"}

@@ -11,7 +11,7 @@ import asyncio
 import json
 from typing import Any
 
-from dispatch_kubeflow.constants import KIND_TRAINJOB, LABEL_ATTEMPT, LABEL_JOB
+from dispatch_kubeflow.constants import KIND_TRAINJOB
 from dispatch_kubeflow.kube.informer import Change, Informer, Synced
 
 QueueItem = Change | Synced
@@ -39,16 +39,8 @@ class Response:
         pass
 
 
-def obj(name: str, rv: str, job: str = "j") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "resourceVersion": rv,
-            "labels": {LABEL_JOB: job, LABEL_ATTEMPT: "1"},
-        },
-        "spec": {},
-        "status": {},
-    }
+def obj(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}, "spec": {}}
 
 
 def listing(rv: str, *items: dict[str, Any]) -> dict[str, Any]:
