@@ -140,9 +140,11 @@ def test_node_taints_are_the_noexecute_ones_whatever_else_a_taint_carries() -> N
 
 
 def test_loss_taints_are_kubernetes_own_and_the_adapters() -> None:
+    runtime = RuntimeRef(kind="TrainingRuntime", name="r")
     settings = Settings(
         namespace="ns",
-        runtimes=(RuntimeRef(kind="TrainingRuntime", name="r"),),
+        runtimes=(runtime,),
+        probe_runtime=runtime,
         node_loss_taints=("example.com/spot-reclaim",),
     )
     assert loss_taints_of(settings) == {*BUILTIN_LOSS_TAINTS, "example.com/spot-reclaim"}
