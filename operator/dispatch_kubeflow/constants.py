@@ -170,6 +170,9 @@ class JobCondition(StrEnum):
 
 
 REASON_INVALID_SETTINGS: Final = "InvalidSettings"
+# A DispatchJob's Admitted=False while the KubeflowAdapter it names does not serve it.
+REASON_ADAPTER_NOT_FOUND: Final = "AdapterNotFound"
+REASON_ADAPTER_NOT_READY: Final = "AdapterNotReady"
 
 
 # Kueue Workload conditions and reasons.

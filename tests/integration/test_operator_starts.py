@@ -19,9 +19,11 @@ from dispatch_kubeflow.constants import (
     VERSION,
 )
 from tests.integration.test_operator import (
+    ADAPTER,
     MERGE_PATCH,
     Scene,
     condition,
+    eventually,
     operator,
     scene,
 )
@@ -64,3 +66,56 @@ async def test_item8_a_vanished_attempt_lets_a_raised_attempt_start(
     finished: Any = condition(second, "Finished")
     assert finished["status"] == "False"
     assert await scene.trainjob("lost-2") is not None
+
+
+async def admitted_false(scene: Scene, name: str, reason: str) -> dict[str, Any]:
+    async def waiting() -> dict[str, Any] | None:
+        found = condition(await scene.job(name), "Admitted")
+        if found and (found["status"], found["reason"]) == ("False", reason):
+            return found
+        return None
+
+    return await eventually(waiting, f"DispatchJob {name} Admitted=False ({reason})")
+
+
+async def test_item18_a_job_naming_a_missing_adapter_says_so_and_starts_once_it_is_ready(
+    scene: Scene, operator: Path
+) -> None:
+    await scene.create_job("early")
+    missing = await admitted_false(scene, "early", "AdapterNotFound")
+    expected = f"no KubeflowAdapter named {ADAPTER} serves namespace {scene.namespace}"
+    assert expected in missing["message"]
+    assert missing["observedGeneration"] == 1
+    assert await scene.trainjob("early-1") is None
+
+    # The adapter appears with settings the operator refuses: there, but not Ready.
+    await scene.apply_adapter(scene.adapter_spec(kueue=None))
+    not_ready = await admitted_false(scene, "early", "AdapterNotReady")
+    assert f"KubeflowAdapter {scene.namespace}/{ADAPTER}" in not_ready["message"]
+    assert "InvalidSettings" in not_ready["message"]
+    assert await scene.trainjob("early-1") is None
+
+    await scene.patch_adapter_spec({"kueue": None})  # a merge patch's null removes the key
+    await scene.ready_adapter(generation=2)
+    started = await scene.job_in_state("early", "Pending")
+    assert started["status"]["trainJob"] == "early-1"
+    # Submitted or already Admitted, as the attempt's own events say: no longer waiting.
+    admitted: Any = condition(started, "Admitted")
+    assert admitted["reason"] in {"Submitted", "Admitted"}
+    assert await scene.trainjob("early-1") is not None
+
+
+async def test_item18_a_job_whose_adapter_never_existed_is_deleted_at_once(
+    scene: Scene, operator: Path
+) -> None:
+    await scene.create_job("typo", adapter="no-such-adapter")
+    await admitted_false(scene, "typo", "AdapterNotFound")
+
+    await scene.objects.delete_namespaced_custom_object(
+        GROUP, VERSION, scene.namespace, "dispatchjobs", "typo"
+    )
+
+    async def gone() -> bool:
+        return await scene.job("typo") is None
+
+    await eventually(gone, "the DispatchJob to go (its finalizer released)")

@@ -2,30 +2,41 @@
 
 The handlers are thin: they find the open adapter serving the DispatchJob's namespace, call the
 library (``start``, ``stop_job``) and record the outcome in the status. The adapter's dispatch
-events reach DispatchJobs through ``JobEventRouter``, driven by the KubeflowAdapter's single
-watch, never by a watch per job.
+events reach DispatchJobs through the adapter's report store (``reported``), which commits each
+transition into the status in one write, driven by the KubeflowAdapter's single watch, never by
+a watch per job.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import kopf
 from kubernetes_asyncio.client import ApiClient
 
 from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
-from dispatch_kubeflow.constants import DISPATCH_JOBS, GROUP, VERSION, EventType, State
+from dispatch_kubeflow.constants import (
+    DISPATCH_JOBS,
+    GROUP,
+    STATUS_REPORTED,
+    VERSION,
+    State,
+)
 from dispatch_kubeflow.errors import ErrInvalid, ErrOutcomeUnknown, ErrUnsupported
 from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry
+from dispatch_kubeflow.handlers.serving import (
+    AdaptersByName,
+    adapter_exists,
+    adapters_seen,
+    waiting_conditions,
+    why_not_serving,
+)
 from dispatch_kubeflow.handlers.status import (
     DispatchJobStatus,
     begin_attempt,
-    fold_event,
-    is_recorded,
     refuse_attempt,
 )
 from dispatch_kubeflow.settings import RuntimeRef
@@ -36,9 +47,6 @@ UNFINISHED_WAIT: Final = 30.0
 RETRY_UNKNOWN: Final = 10.0
 REASON_INVALID_JOB: Final = "InvalidJob"
 REASON_UNSUPPORTED: Final = "Unsupported"
-WARNING_TYPES: Final = frozenset(
-    {EventType.EVICTED, EventType.NODE_LOST, EventType.VANISHED, EventType.RESTARTED}
-)
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
@@ -59,68 +67,6 @@ def job_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
         gpus_per_node=int(spec.get("gpusPerNode", 0)),
         active_deadline_seconds=spec.get("activeDeadlineSeconds"),
     )
-
-
-def event_kind(event: Mapping[str, Any]) -> str:
-    """Normal or Warning, for the Kubernetes Event mirroring a dispatch event."""
-    if event.get("type") in WARNING_TYPES:
-        return "Warning"
-    if event.get("state") in (State.FAILED, State.UNKNOWN):
-        return "Warning"
-    return "Normal"
-
-
-def event_message(event: Mapping[str, Any]) -> str:
-    head = f"attempt {event.get('attempt')}: {event.get('state')}"
-    if event.get("cause"):
-        head += f" ({event['cause']})"
-    detail = event.get("message") or event.get("reason") or ""
-    return f"{head}: {detail}" if detail else head
-
-
-@dataclass
-class JobEventRouter:
-    """Folds one adapter's dispatch events into the DispatchJobs of its served namespace."""
-
-    api: ApiClient
-    namespace: str
-    adapter_name: str
-    post_event: PostEvent
-    clock: Clock = SYSTEM_CLOCK
-
-    async def deliver(self, event: Mapping[str, Any]) -> bool:
-        """Fold ``event`` into its DispatchJob; True when it was new there.
-
-        Jobs with no DispatchJob (started through the library) or served by another adapter
-        are left alone.
-        """
-        job = event.get("job")
-        if not job:
-            return False
-        folded: dict[str, Any] = {}
-
-        async def change(current: dict[str, Any]) -> dict[str, Any] | None:
-            if current.get("spec", {}).get("adapter") != self.adapter_name:
-                return None
-            status = DispatchJobStatus.from_wire(current.get("status"))
-            if is_recorded(status, event):
-                return None
-            after = fold_event(
-                status,
-                event,
-                attempt=int(current["spec"].get("attempt", 1)),
-                generation=current["metadata"].get("generation"),
-                now=self.clock.now(),
-            )
-            folded["body"] = current
-            return after.to_wire()
-
-        await update_status(self.api, DISPATCH_JOBS, self.namespace, str(job), change)
-        if "body" not in folded:
-            return False
-        reason = str(event.get("type"))
-        self.post_event(folded["body"], event_kind(event), reason, event_message(event))
-        return True
 
 
 async def record_start(
@@ -155,19 +101,59 @@ async def record_start(
     await update_status(api, DISPATCH_JOBS, namespace, name, change)
 
 
-def serving_adapter(registry: AdapterRegistry, namespace: str, adapter: str) -> Any:
-    found = registry.get(namespace, adapter)
+async def serving_adapter(registry: AdapterRegistry, namespace: str, adapter: str) -> Any:
+    """The open adapter, once it opens within ``ADAPTER_WAIT``; else the handler retries.
+
+    Waiting here rather than in kopf's retry delay starts the job as soon as the adapter opens.
+    """
+    found = await registry.wait_for(namespace, adapter, ADAPTER_WAIT)
     if found is None:
         raise kopf.TemporaryError(
             f"KubeflowAdapter {adapter!r} serving namespace {namespace!r} is not ready",
-            delay=ADAPTER_WAIT,
+            delay=0,
         )
     return found
+
+
+async def record_waiting(
+    api: ApiClient,
+    namespace: str,
+    name: str,
+    why: tuple[str, str],
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Say in the DispatchJob's ``Admitted`` condition why its attempt has not started."""
+    reason, message = why
+
+    async def change(current: dict[str, Any]) -> dict[str, Any] | None:
+        conditions = waiting_conditions(
+            current.get("status"),
+            reason,
+            message,
+            generation=current["metadata"].get("generation"),
+            now=clock.now(),
+        )
+        return None if conditions is None else {"conditions": conditions}
+
+    await update_status(api, DISPATCH_JOBS, namespace, name, change)
+
+
+async def adapter_to_start(
+    memo: kopf.Memo, adapters: AdaptersByName, name: str, namespace: str, adapter: str
+) -> Any:
+    """The open adapter serving the DispatchJob; while there is none, its status says why."""
+    found = memo.registry.get(namespace, adapter)
+    if found is not None:
+        return found
+    why = why_not_serving(adapters, namespace, adapter)
+    await record_waiting(memo.api, namespace, name, why)
+    return await serving_adapter(memo.registry, namespace, adapter)
 
 
 async def start_attempt(
     *,
     memo: kopf.Memo,
+    adapters: AdaptersByName,
     body: kopf.Body,
     name: str,
     namespace: str,
@@ -180,7 +166,7 @@ async def start_attempt(
     except ErrInvalid as error:
         await _refuse(memo, body, name, namespace, attempt, REASON_INVALID_JOB, str(error))
         return
-    adapter = serving_adapter(memo.registry, namespace, str(spec.get("adapter")))
+    adapter = await adapter_to_start(memo, adapters, name, namespace, str(spec.get("adapter")))
     try:
         await adapter.start(job)
     except ErrOutcomeUnknown as error:
@@ -217,10 +203,16 @@ async def start_job(
     namespace: str | None,
     memo: Any,
     logger: Logger,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     await start_attempt(
-        memo=memo, body=body, name=name, namespace=str(namespace), spec=spec, logger=logger
+        memo=memo,
+        adapters=adapters_seen(kwargs),
+        body=body,
+        name=name,
+        namespace=str(namespace),
+        spec=spec,
+        logger=logger,
     )
 
 
@@ -246,7 +238,7 @@ async def raise_attempt(
     namespace: str | None,
     memo: Any,
     logger: Logger,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """A raised attempt starts once the current attempt has finished."""
     if old is not None and new is not None and int(new) <= int(old):
@@ -258,20 +250,43 @@ async def raise_attempt(
             delay=UNFINISHED_WAIT,
         )
     await start_attempt(
-        memo=memo, body=body, name=name, namespace=str(namespace), spec=spec, logger=logger
+        memo=memo,
+        adapters=adapters_seen(kwargs),
+        body=body,
+        name=name,
+        namespace=str(namespace),
+        spec=spec,
+        logger=logger,
     )
+
+
+def never_started(status: Mapping[str, Any] | None) -> bool:
+    """No attempt of the job was ever handed to an adapter, as far as its status tells."""
+    current = status or {}
+    recorded = DispatchJobStatus.from_wire(current).attempt is not None
+    return not recorded and not current.get(STATUS_REPORTED)
 
 
 @kopf.on.delete(GROUP, VERSION, DISPATCH_JOBS)
 async def stop_job(
     spec: kopf.Spec,
+    status: kopf.Status,
     name: str,
     namespace: str | None,
     memo: Any,
     logger: Logger,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
-    """Stop every attempt of the job; the finalizer holds the DispatchJob until it is done."""
-    adapter = serving_adapter(memo.registry, str(namespace), str(spec.get("adapter")))
+    """Stop every attempt of the job; the finalizer holds the DispatchJob until it is done.
+
+    A job that never started and names a KubeflowAdapter that does not exist has nothing to stop
+    and nothing that could stop it: it goes at once rather than waiting for that adapter forever.
+    """
+    served, name_of_adapter = str(namespace), str(spec.get("adapter"))
+    adapters = adapters_seen(kwargs)
+    if never_started(status) and not adapter_exists(adapters, served, name_of_adapter):
+        logger.info("job %s never started and its adapter does not exist: nothing to stop", name)
+        return
+    adapter = await serving_adapter(memo.registry, served, name_of_adapter)
     await adapter.stop_job(name)
     logger.info("job %s stopped: nothing of it is left", name)

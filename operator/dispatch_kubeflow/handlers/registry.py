@@ -8,6 +8,7 @@ leave the process as JSON lines on a stream the user chose. Both live in kopf's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -37,6 +38,14 @@ class AdapterRegistry:
 
     def get(self, namespace: str, name: str) -> Any | None:
         return self.adapters.get((namespace, name))
+
+    async def wait_for(self, namespace: str, name: str, within: float) -> Any | None:
+        """The open adapter, waiting up to ``within`` seconds for it to be published."""
+        async with self.changed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await self.changed.wait_for(lambda: (namespace, name) in self.adapters)
+            return self.adapters.get((namespace, name))
 
 
 class EventLines:
