@@ -4,11 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kubernetes_asyncio import client
+
+RBAC_GROUP: Final = "rbac.authorization.k8s.io"
+# A PolicyRule's fields, as YAML spells them.
+RULE_FIELDS: Final = frozenset(
+    {"apiGroups", "resources", "resourceNames", "nonResourceURLs", "verbs"}
+)
+
+
+def policy_rule(rule: Mapping[str, Any]) -> client.V1PolicyRule:
+    """A PolicyRule written as YAML (a chart's), as the client's model.
+
+    A field the model does not know is refused rather than dropped: dropping ``resourceNames``,
+    say, would grant more than the chart does.
+    """
+    unknown = set(rule) - RULE_FIELDS
+    if unknown:
+        raise ValueError(f"PolicyRule fields {sorted(unknown)} are not known here")
+    return client.V1PolicyRule(
+        api_groups=rule.get("apiGroups"),
+        resources=rule.get("resources"),
+        resource_names=rule.get("resourceNames"),
+        non_resource_urls=rule.get("nonResourceURLs"),
+        verbs=rule.get("verbs"),
+    )
 
 
 @contextlib.asynccontextmanager
@@ -18,17 +42,16 @@ async def user_with_rules(
     """Bind `rules` (PolicyRules) to a new user; yield that user's kubeconfig."""
     user = f"{prefix}-{secrets.token_hex(3)}"
     rbac = client.RbacAuthorizationV1Api(kube_api)
-    await rbac.create_cluster_role({"metadata": {"name": user}, "rules": rules})
+    metadata = client.V1ObjectMeta(name=user)
+    await rbac.create_cluster_role(
+        client.V1ClusterRole(metadata=metadata, rules=[policy_rule(rule) for rule in rules])
+    )
     await rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": user},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": user,
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }
+        client.V1ClusterRoleBinding(
+            metadata=metadata,
+            role_ref=client.V1RoleRef(api_group=RBAC_GROUP, kind="ClusterRole", name=user),
+            subjects=[client.RbacV1Subject(api_group=RBAC_GROUP, kind="User", name=user)],
+        )
     )
     try:
         yield Path(cluster.kubeconfig_for(user))

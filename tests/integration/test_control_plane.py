@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import aiohttp
 import pytest
@@ -28,6 +28,39 @@ EVENT_TIMEOUT = 20.0
 MERGE_PATCH = "application/merge-patch+json"
 
 ListFn = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
+
+
+class Where(TypedDict):
+    """Where a namespaced custom object lives: the keyword arguments of CustomObjectsApi."""
+
+    group: str
+    version: str
+    namespace: str
+    plural: str
+
+
+async def merge_patch(method: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """A generated ``patch_*`` call sending ``body`` as a JSON merge patch.
+
+    The generated stubs omit the client's ``_content_type``; without it a dict body goes out as a
+    JSON patch.
+    """
+    return await method(*args, _content_type=MERGE_PATCH, **kwargs)
+
+
+def meta(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    owner_references: list[client.V1OwnerReference] | None = None,
+) -> client.V1ObjectMeta:
+    return client.V1ObjectMeta(name=name, labels=labels, owner_references=owner_references)
+
+
+def new_lease(name: str, holder: str, duration: int | None = None) -> client.V1Lease:
+    spec = client.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=duration)
+    return client.V1Lease(metadata=meta(name), spec=spec)
 
 
 def _rv(obj: Any) -> str:
@@ -68,7 +101,7 @@ def _summary(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 async def _crud_watch(
     list_fn: ListFn,
-    list_kwargs: dict[str, Any],
+    list_kwargs: Mapping[str, Any],
     create: Callable[[], Awaitable[Any]],
     patch: Callable[[], Awaitable[Any]],
     delete: Callable[[], Awaitable[Any]],
@@ -153,7 +186,7 @@ async def test_trainjob_create_watch_patch_delete(
     kube_api: client.ApiClient, namespace: str
 ) -> None:
     api = client.CustomObjectsApi(kube_api)
-    where = {
+    where: Where = {
         "group": constants.TRAINER_GROUP,
         "version": constants.TRAINER_VERSION,
         "namespace": namespace,
@@ -163,8 +196,11 @@ async def test_trainjob_create_watch_patch_delete(
         api.list_namespaced_custom_object,
         where,
         lambda: api.create_namespaced_custom_object(body=_trainjob("smoke"), **where),
-        lambda: api.patch_namespaced_custom_object(
-            name="smoke", body={"spec": {"suspend": True}}, _content_type=MERGE_PATCH, **where
+        lambda: merge_patch(
+            api.patch_namespaced_custom_object,
+            name="smoke",
+            body={"spec": {"suspend": True}},
+            **where,
         ),
         lambda: api.delete_namespaced_custom_object(name="smoke", **where),
         "smoke",
@@ -177,7 +213,7 @@ async def test_workload_v1beta2_create_watch_patch_delete(
     kube_api: client.ApiClient, namespace: str
 ) -> None:
     api = client.CustomObjectsApi(kube_api)
-    where = {
+    where: Where = {
         "group": constants.KUEUE_GROUP,
         "version": constants.KUEUE_VERSION,
         "namespace": namespace,
@@ -187,8 +223,11 @@ async def test_workload_v1beta2_create_watch_patch_delete(
         api.list_namespaced_custom_object,
         where,
         lambda: api.create_namespaced_custom_object(body=_workload("smoke"), **where),
-        lambda: api.patch_namespaced_custom_object(
-            name="smoke", body={"spec": {"active": False}}, _content_type=MERGE_PATCH, **where
+        lambda: merge_patch(
+            api.patch_namespaced_custom_object,
+            name="smoke",
+            body={"spec": {"active": False}},
+            **where,
         ),
         lambda: api.delete_namespaced_custom_object(name="smoke", **where),
         "smoke",
@@ -209,16 +248,12 @@ async def test_workload_v1beta1_is_not_served(kube_api: client.ApiClient, namesp
 
 async def test_lease_create_watch_patch_delete(kube_api: client.ApiClient, namespace: str) -> None:
     api = client.CoordinationV1Api(kube_api)
-    lease = {
-        "metadata": {"name": "smoke"},
-        "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15},
-    }
     events = await _crud_watch(
         api.list_namespaced_lease,
         {"namespace": namespace},
-        lambda: api.create_namespaced_lease(namespace, lease),
-        lambda: api.patch_namespaced_lease(
-            "smoke", namespace, {"spec": {"holderIdentity": "b"}}, _content_type=MERGE_PATCH
+        lambda: api.create_namespaced_lease(namespace, new_lease("smoke", "a", duration=15)),
+        lambda: merge_patch(
+            api.patch_namespaced_lease, "smoke", namespace, {"spec": {"holderIdentity": "b"}}
         ),
         lambda: api.delete_namespaced_lease("smoke", namespace),
         "smoke",
@@ -230,13 +265,13 @@ async def test_node_create_watch_patch_delete(kube_api: client.ApiClient, namesp
     api = client.CoreV1Api(kube_api)
     name = f"node-{namespace}"
     selector = {"field_selector": f"metadata.name={name}"}
-    node = {"metadata": {"name": name, "labels": {"smoke": "yes"}}}
+    node = client.V1Node(metadata=meta(name, labels={"smoke": "yes"}))
     taint = {"key": constants.TAINT_UNREACHABLE, "effect": "NoExecute"}
     events = await _crud_watch(
         api.list_node,
         selector,
         lambda: api.create_node(node),
-        lambda: api.patch_node(name, {"spec": {"taints": [taint]}}, _content_type=MERGE_PATCH),
+        lambda: merge_patch(api.patch_node, name, {"spec": {"taints": [taint]}}),
         lambda: api.delete_node(name),
         name,
     )
@@ -318,16 +353,14 @@ async def test_watch_continues_across_apiserver_restart(
         )
     )
     try:
-        await lease_api.create_namespaced_lease(
-            namespace, {"metadata": {"name": "before"}, "spec": {"holderIdentity": "a"}}
-        )
+        await lease_api.create_namespaced_lease(namespace, new_lease("before", "a"))
         assert await _next_event(seen) == ("ADDED", "before", "a")
 
         cluster.stop_apiserver()
         cluster.start_apiserver()
 
-        await lease_api.patch_namespaced_lease(
-            "before", namespace, {"spec": {"holderIdentity": "b"}}, _content_type=MERGE_PATCH
+        await merge_patch(
+            lease_api.patch_namespaced_lease, "before", namespace, {"spec": {"holderIdentity": "b"}}
         )
         assert await _next_event(seen) == ("MODIFIED", "before", "b")
         # The stream really broke and was established again.
@@ -346,30 +379,29 @@ async def test_restricted_identity_gets_only_what_its_role_grants(
 ) -> None:
     core = client.CoreV1Api(kube_api)
     await core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "token"}, "stringData": {"k": "v"}}
+        namespace, client.V1Secret(metadata=meta("token"), string_data={"k": "v"})
     )
-    await core.create_namespaced_config_map(namespace, {"metadata": {"name": "settings"}})
+    await core.create_namespaced_config_map(
+        namespace, client.V1ConfigMap(metadata=meta("settings"))
+    )
     rbac = client.RbacAuthorizationV1Api(kube_api)
+    reader = client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["get", "list"])
     await rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": "configmap-reader"},
-            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}],
-        },
+        namespace, client.V1Role(metadata=meta("configmap-reader"), rules=[reader])
     )
     await rbac.create_namespaced_role_binding(
         namespace,
-        {
-            "metadata": {"name": "configmap-reader"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "configmap-reader",
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "smoke-readers"}
+        client.V1RoleBinding(
+            metadata=meta("configmap-reader"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="Role", name="configmap-reader"
+            ),
+            subjects=[
+                client.RbacV1Subject(
+                    api_group="rbac.authorization.k8s.io", kind="Group", name="smoke-readers"
+                )
             ],
-        },
+        ),
     )
 
     restricted = await config.new_client_from_config(
@@ -392,7 +424,8 @@ async def test_restricted_identity_gets_only_what_its_role_grants(
         with pytest.raises(ApiException) as refused:
             await as_user.read_namespaced_secret("token", namespace)
         assert refused.value.status == 403
-        assert "smoke-user" in refused.value.body
+        # The stub says bytes; the client hands over the decoded text.
+        assert "smoke-user" in str(refused.value.body)
         with pytest.raises(ApiException) as refused_elsewhere:
             await as_user.list_namespaced_config_map("default")
         assert refused_elsewhere.value.status == 403
@@ -406,14 +439,13 @@ async def test_watch_from_compacted_resource_version_gets_410(
     api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
     try:
         leases = client.CoordinationV1Api(api)
-        old = _rv(
-            await leases.create_namespaced_lease(
-                namespace, {"metadata": {"name": "old"}, "spec": {"holderIdentity": "a"}}
-            )
-        )
+        old = _rv(await leases.create_namespaced_lease(namespace, new_lease("old", "a")))
         for holder in ("b", "c"):
-            await leases.patch_namespaced_lease(
-                "old", namespace, {"spec": {"holderIdentity": holder}}, _content_type=MERGE_PATCH
+            await merge_patch(
+                leases.patch_namespaced_lease,
+                "old",
+                namespace,
+                {"spec": {"holderIdentity": holder}},
             )
         assert cluster.compact_etcd() > int(old)
     finally:
@@ -456,15 +488,14 @@ async def test_controller_manager_collects_garbage(private_plane: ControlPlane) 
     api = await config.new_client_from_config(config_file=str(private_plane.kubeconfig))
     try:
         core = client.CoreV1Api(api)
-        owner = await core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
-        owned_by = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "name": "owner",
-            "uid": owner.metadata.uid,
-        }
+        owner = await core.create_namespaced_config_map(
+            "default", client.V1ConfigMap(metadata=meta("owner"))
+        )
+        owned_by = client.V1OwnerReference(
+            api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid
+        )
         await core.create_namespaced_config_map(
-            "default", {"metadata": {"name": "dependent", "ownerReferences": [owned_by]}}
+            "default", client.V1ConfigMap(metadata=meta("dependent", owner_references=[owned_by]))
         )
         await core.delete_namespaced_config_map("owner", "default")
         async with asyncio.timeout(EVENT_TIMEOUT):
