@@ -62,6 +62,9 @@ class Evidence(_Model):
 
 class DispatchEvent(_Model):
     type: EventType
+    # "<job>/<attempt>/<sequence>": the same transition always carries the same id, so a consumer
+    # that may see it twice (at-least-once delivery) can tell.
+    id: str | None = None
     job: str | None = None
     attempt: int | None = None
     train_job: str | None = None

@@ -1,13 +1,24 @@
-"""Exactly-once reporting: successive derived statuses become transitions, each reported once.
+"""Reporting: successive derived statuses become transitions, each reported once.
 
 The last reported position of each (job, attempt) is a small record (``ReportedRecord``) kept
 outside the process (``ReportStore``), so a restarted adapter neither repeats nor loses a
 transition: ``advance`` computes the transitions between the record and a derived status, and
-``Reporter`` keeps the records and saves them.
+``Reporter`` hands each ``Transition`` (its events and the record after them) to the store's
+``commit``. Nothing counts as reported until a commit succeeded: a failed one leaves the record
+as it was, and the same transition, with the same event ids, comes again.
+
+Where a transition's effect lives decides the guarantee. A store that keeps the effect with the
+record (``effects_committed``: the operator's DispatchJob status holds both) is committed before
+the events are handed on, and each transition takes effect exactly once. A store that keeps
+only the record (the TrainJob annotation, memory) is committed after the consumer has taken the
+events, so a consumer that dies in between sees them again: at-least-once, with each event's
+``id`` (``<job>/<attempt>/<sequence>``) the same every time, to deduplicate on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +45,8 @@ class ReportedRecord(BaseModel):
     # The phase last reported in and the causes its events carried, as "<phase>:<cause>,...";
     # absent from records written before causes were tracked.
     causes: str | None = Field(default=None, alias="c")
+    # Events reported so far: the sequence number in the next event's id is one more.
+    sequence: int = Field(default=0, alias="q")
 
     def causes_in(self, phase: str) -> frozenset[str] | None:
         """The causes reported in ``phase``; None when the record predates cause tracking."""
@@ -57,11 +70,20 @@ class ReportedRecord(BaseModel):
 
 
 class ReportStore(Protocol):
-    """Where the last reported record of each (job, attempt) outlives the process."""
+    """Where the last reported record of each (job, attempt) outlives the process.
+
+    ``commit`` stores ``record`` (and, where ``effects_committed``, the effect of ``events``)
+    at once, or raises and stores nothing.
+    """
+
+    @property
+    def effects_committed(self) -> bool: ...
 
     async def load(self, job: str, attempt: int) -> ReportedRecord | None: ...
 
-    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None: ...
+    async def commit(
+        self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -78,20 +100,24 @@ class ListingReportStore(ReportStore, Protocol):
 class MemoryStore:
     """A ReportStore that lives as long as the process: for tests and the library default."""
 
+    effects_committed = False
+
     def __init__(self) -> None:
         self.records: dict[tuple[str, int], ReportedRecord] = {}
 
     async def load(self, job: str, attempt: int) -> ReportedRecord | None:
         return self.records.get((job, attempt))
 
-    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None:
+    async def commit(
+        self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
+    ) -> None:
         self.records[(job, attempt)] = record
 
 
 _NO_CAUSE = "-"
 # Causes that explain why a job waits; every other cause comes with an event of its own
 # (Evicted, NodeLost, Restarted, Finished), and a cleared cause shows on the next event.
-WAITING_CAUSES = frozenset({Cause.NO_CAPACITY, Cause.IMAGE_PULL, Cause.CONFIG_ERROR})
+WAITING_CAUSES = frozenset({Cause.NO_CAPACITY, Cause.IMAGE_PULL, Cause.CONFIG_ERROR, Cause.STOPPED})
 _PHASE_EVENTS = {"S": EventType.SUBMITTED, "A": EventType.ADMITTED, "R": EventType.RUNNING}
 
 
@@ -205,19 +231,39 @@ def advance(
             events.append(event(_PHASE_EVENTS[phase[-1]]))
         if events:
             updates["causes"] = f"{phase}:{','.join(sorted(reported | {cause}))}"
+    if events:
+        events = [
+            e.model_copy(update={"id": f"{job}/{attempt}/{rec.sequence + n}"})
+            for n, e in enumerate(events, start=1)
+        ]
+        updates["sequence"] = rec.sequence + len(events)
     return events, rec.model_copy(update=updates) if updates else rec
 
 
-class Reporter:
-    """Applies ``advance`` per (job, attempt), keeping the record in memory and in the store.
+@dataclass(frozen=True)
+class Transition:
+    """What one (job, attempt) reports next: its events, and its record once they are reported."""
 
-    The record is saved before the events are handed out: a transition counts as reported
-    once the store holds it.
+    job: str
+    attempt: int
+    events: list[DispatchEvent]
+    record: ReportedRecord
+
+
+class Reporter:
+    """Applies ``advance`` per (job, attempt), keeping the records in memory and in the store.
+
+    ``next_transition`` computes; ``commit`` stores. The record kept in memory moves only when a
+    commit succeeded, so after a failure the next derivation gives the same transition again.
     """
 
     def __init__(self, store: ReportStore) -> None:
         self._store = store
         self._records: dict[tuple[str, int], ReportedRecord] = {}
+
+    @property
+    def effects_committed(self) -> bool:
+        return self._store.effects_committed
 
     async def record_of(self, job: str, attempt: int) -> ReportedRecord | None:
         key = (job, attempt)
@@ -228,7 +274,7 @@ class Reporter:
             self._records[key] = loaded
         return self._records[key]
 
-    async def report(
+    async def next_transition(
         self,
         *,
         job: str,
@@ -236,7 +282,8 @@ class Reporter:
         train_job: str | None,
         status: DerivedStatus,
         now: datetime,
-    ) -> list[DispatchEvent]:
+    ) -> Transition | None:
+        """The transition from the last reported record to ``status``; None when nothing is new."""
         previous = await self.record_of(job, attempt)
         events, record = advance(
             job=job,
@@ -246,10 +293,35 @@ class Reporter:
             status=status,
             now=now,
         )
-        if record != previous and events:
-            await self._store.save(job, attempt, record)
-        self._records[(job, attempt)] = record
-        return events
+        if not events:
+            if record != previous:  # a record adopted without an event needs no write
+                self._records[(job, attempt)] = record
+            return None
+        return Transition(job, attempt, events, record)
+
+    async def commit(self, transition: Transition) -> None:
+        await self._store.commit(
+            transition.job, transition.attempt, transition.record, transition.events
+        )
+        self._records[(transition.job, transition.attempt)] = transition.record
+
+    async def report(
+        self,
+        *,
+        job: str,
+        attempt: int,
+        train_job: str | None,
+        status: DerivedStatus,
+        now: datetime,
+    ) -> list[DispatchEvent]:
+        """Compute and commit at once: the events of the transition, once the store holds it."""
+        transition = await self.next_transition(
+            job=job, attempt=attempt, train_job=train_job, status=status, now=now
+        )
+        if transition is None:
+            return []
+        await self.commit(transition)
+        return transition.events
 
     def forget(self, job: str, attempt: int) -> None:
         self._records.pop((job, attempt), None)

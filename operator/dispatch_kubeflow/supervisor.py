@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -46,20 +46,31 @@ from dispatch_kubeflow.constants import (
     WORKLOADS,
 )
 from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.errors import DispatchError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.heartbeat import LeaseHeartbeat
 from dispatch_kubeflow.index import JobIndex, JobKey, job_key, loss_taints_of, trimmer
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, describe, is_not_found
 from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
 from dispatch_kubeflow.kube.objects import annotations_of, name_of, uid_of
-from dispatch_kubeflow.reporting import ListingReportStore, ReportedRecord, Reporter, ReportStore
+from dispatch_kubeflow.reporting import (
+    ListingReportStore,
+    ReportedRecord,
+    Reporter,
+    ReportStore,
+    Transition,
+)
 from dispatch_kubeflow.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # Changes applied before the affected jobs are derived, when more keep arriving.
 FLUSH_EVERY = 100
-SAVE_RETRY_DELAY = 1.0
+# A failed commit is tried again after 1 s, doubling per failure of that job up to 30 s.
+RETRY_FIRST = 1.0
+RETRY_MAX = 30.0
+# What a commit may raise: the apiserver's answer, the transport, or the store's own verdict.
+COMMIT_ERRORS: tuple[type[BaseException], ...] = (*REQUEST_ERRORS, DispatchError)
 # Record saves in flight at once when many jobs changed together.
 SAVE_CONCURRENCY = 32
 
@@ -106,7 +117,12 @@ class TrainJobAnnotationStore:
         annotations = annotations_of(train_job) if train_job else {}
         return ReportedRecord.from_json(annotations.get(ANNOTATION_REPORTED))
 
-    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None:
+    # The record alone: the supervisor commits after the consumer has taken the events.
+    effects_committed = False
+
+    async def commit(
+        self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
+    ) -> None:
         """One merge patch; a TrainJob deleted meanwhile needs no record."""
         train_job = self._lookup(job, attempt)
         if train_job is None:
@@ -167,6 +183,7 @@ class Supervisor:
         # same job id used again) is not stopped.
         self._stopped: dict[str, set[str]] = {}
         self._finished: set[JobKey] = set()
+        self._failures: dict[JobKey, int] = {}
         self._uids: dict[JobKey, str] = {}
         self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
         self.informers: list[Informer] = []
@@ -284,6 +301,8 @@ class Supervisor:
         pending_sync = {i.kind for i in self.informers}
         dirty: set[JobKey] = set()
         unflushed = 0
+        # A transition whose events the consumer has all been handed, not yet committed.
+        delivered: Transition | None = None
         try:
             while True:
                 item = await self._next(tasks)
@@ -316,13 +335,23 @@ class Supervisor:
                 if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
                     continue  # coalesce a burst of changes before deriving
                 keys, dirty, unflushed = sorted(dirty), set(), 0
-                for events in await self._report_all(keys):
-                    for event in events:
+                for transition in await self._report_all(keys):
+                    last = len(transition.events) - 1
+                    for n, event in enumerate(transition.events):
+                        if n == last and not self._reporter.effects_committed:
+                            delivered = transition
                         yield event
+                    if delivered is not None:
+                        # The consumer took every event and asked for more: now they count.
+                        await self._commit(delivered)
+                        delivered = None
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if delivered is not None:
+                # Closed or cancelled after taking the whole transition: it was delivered.
+                await self._commit_on_close(delivered)
 
     async def _next(self, tasks: list[asyncio.Task[None]]) -> QueueItem:
         getter = asyncio.ensure_future(self._queue.get())
@@ -347,42 +376,83 @@ class Supervisor:
             return set(await self._store.unfinished())
         return set()
 
-    async def _report_all(self, keys: list[JobKey]) -> list[list[DispatchEvent]]:
-        """Derive and report many jobs at once: their record saves go out concurrently."""
+    async def _report_all(self, keys: list[JobKey]) -> list[Transition]:
+        """Derive and report many jobs at once: their commits go out concurrently.
+
+        One job's failure (a commit the apiserver refuses, or anything else) costs that job a
+        retry and never the other jobs' transitions.
+        """
         gate = asyncio.Semaphore(SAVE_CONCURRENCY)
 
-        async def one(key: JobKey) -> list[DispatchEvent]:
+        async def one(key: JobKey) -> Transition | None:
             async with gate:
                 return await self._report(key)
 
-        return list(await asyncio.gather(*(one(key) for key in keys)))
+        outcomes = await asyncio.gather(*(one(key) for key in keys), return_exceptions=True)
+        transitions: list[Transition] = []
+        for key, outcome in zip(keys, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                log.error("deriving %s failed", key, exc_info=outcome)
+                self._retry_later(key)
+            elif outcome is not None:
+                transitions.append(outcome)
+        return transitions
 
-    async def _report(self, key: JobKey) -> list[DispatchEvent]:
+    async def _report(self, key: JobKey) -> Transition | None:
         if key in self._finished:
             self._forget_if_gone(key)
-            return []
+            return None
         obs = self._index.observation(key, stopped=self._is_stopped(key))
         status = derive(obs, loss_taints=self._loss_taints)
         train_job = self._index.train_jobs.get(key)
+        transition = await self._reporter.next_transition(
+            job=key[0],
+            attempt=key[1],
+            train_job=name_of(train_job) if train_job else f"{key[0]}-{key[1]}",
+            status=status,
+            now=self._clock.now(),
+        )
+        if transition is None:
+            return None
+        if self._reporter.effects_committed and not await self._commit(transition):
+            return None
+        return transition
+
+    async def _commit(self, transition: Transition) -> bool:
+        """Store the transition; on failure, derive the job again later. True when stored."""
+        key = (transition.job, transition.attempt)
         try:
-            events = await self._reporter.report(
-                job=key[0],
-                attempt=key[1],
-                train_job=name_of(train_job) if train_job else f"{key[0]}-{key[1]}",
-                status=status,
-                now=self._clock.now(),
-            )
-        except REQUEST_ERRORS as error:
-            # Nothing counts as reported until the store holds it: try again shortly.
-            log.warning("saving the reported record of %s failed: %s", key, describe(error))
-            loop = asyncio.get_running_loop()
-            loop.call_later(SAVE_RETRY_DELAY, self._queue.put_nowait, Retry(key))
-            return []
-        record = await self._reporter.record_of(*key)
-        if record is not None and record.finished:
+            await self._reporter.commit(transition)
+        except COMMIT_ERRORS as error:
+            # Nothing counts as reported until the store holds it.
+            log.warning("committing the transition of %s failed: %s", key, describe(error))
+            self._retry_later(key)
+            return False
+        self._failures.pop(key, None)
+        if transition.record.finished:
             self._finished.add(key)
             self._forget_if_gone(key)
-        return events
+        return True
+
+    async def _commit_on_close(self, transition: Transition) -> None:
+        timeout = self._settings.timeouts.request.total_seconds()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._commit(transition)
+        except (TimeoutError, RuntimeError) as error:  # RuntimeError: the loop is closing
+            log.warning(
+                "the transition of %s was delivered but not committed (%s): it comes again",
+                (transition.job, transition.attempt),
+                describe(error),
+            )
+
+    def _retry_later(self, key: JobKey) -> None:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = min(RETRY_MAX, RETRY_FIRST * 2**failures)
+        asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, Retry(key))
 
     def _forget_if_gone(self, key: JobKey) -> None:
         if self._index.all_gone(key):

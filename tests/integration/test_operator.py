@@ -37,8 +37,6 @@ from dispatch_kubeflow.constants import (
     VERSION,
 )
 from dispatch_kubeflow.handlers.registry import EventLines
-from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
-from dispatch_kubeflow.reporting import ReportedRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
@@ -626,33 +624,3 @@ async def test_a_job_the_adapter_refuses_finishes_failed_with_the_reason(
 
     (event,) = await eventually(warned, "a Warning Event on the DispatchJob")
     assert event.type == "Warning"
-
-
-async def test_the_dispatchjob_store_keeps_lists_and_drops_records(scene: Scene) -> None:
-    """No operator runs: the store alone against the apiserver, as the supervisor uses it."""
-    running = ReportedRecord(submitted=True, admitted=0, running=0)
-    done = ReportedRecord(submitted=True, finished=True)
-    await scene.create_job("kept")
-    await scene.create_job("foreign", adapter="another")
-    store = DispatchJobStatusStore(scene.api, scene.namespace, ADAPTER)
-    await store.save("kept", 1, running)
-    await store.save("kept", 2, done)
-    await store.save("foreign", 1, running)  # served by another adapter: dropped
-    await store.save("gone", 1, running)  # no DispatchJob: dropped, no error
-
-    kept = await scene.job("kept")
-    assert kept is not None
-    assert kept["status"][STATUS_REPORTED] == {"1": running.to_json(), "2": done.to_json()}
-    foreign = await scene.job("foreign")
-    assert STATUS_REPORTED not in ((foreign or {}).get("status") or {})
-
-    restarted = DispatchJobStatusStore(scene.api, scene.namespace, ADAPTER)
-    assert await restarted.unfinished() == [("kept", 1)]
-    listed_requests = restarted.requests
-    assert await restarted.load("kept", 1) == running
-    assert await restarted.load("kept", 2) == done
-    assert restarted.requests == listed_requests  # served from the listing
-    assert await restarted.load("kept", 1) == running  # read again with a GET
-    assert restarted.requests == listed_requests + 1
-    assert await restarted.load("gone", 1) is None
-    assert await restarted.load("foreign", 1) is None

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from dispatch_kubeflow.constants import BUILTIN_LOSS_TAINTS, Cause, EventType, State
 from dispatch_kubeflow.derivation import derive
@@ -114,7 +117,7 @@ async def test_the_record_survives_as_short_json() -> None:
     record = store.records[("j1", 1)]
     text = record.to_json()
     assert len(text) < 64
-    assert json.loads(text) == {"s": True, "a": 0, "r": 0, "c": "0.0.R:-"}
+    assert json.loads(text) == {"s": True, "a": 0, "r": 0, "c": "0.0.R:-", "q": 3}
     assert ReportedRecord.from_json(text) == record
     assert ReportedRecord.from_json("") is None
     assert ReportedRecord.from_json("not json") is None
@@ -227,9 +230,11 @@ async def test_the_store_is_written_only_when_something_is_reported() -> None:
     class CountingStore(MemoryStore):
         saves = 0
 
-        async def save(self, job: str, attempt: int, record: ReportedRecord) -> None:
+        async def commit(
+            self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
+        ) -> None:
             self.saves += 1
-            await super().save(job, attempt, record)
+            await super().commit(job, attempt, record, events)
 
     store = CountingStore()
     reporter = Reporter(store)
@@ -379,7 +384,7 @@ async def test_a_record_from_before_cause_tracking_loads_and_repeats_nothing() -
     legacy = ReportedRecord.from_json('{"s":true}')
     assert legacy is not None
     assert legacy.causes is None
-    await store.save("j1", 1, legacy)
+    await store.commit("j1", 1, legacy, [])
     reporter = Reporter(store)
     assert await step(reporter, OVER_QUOTA) == []  # its cause is adopted, not re-reported
     assert await step(reporter, ADMITTED_NOT_RUNNING) == [EventType.ADMITTED]
@@ -395,3 +400,39 @@ async def test_ranks_ending_before_the_trainjob_says_so_report_nothing_more() ->
         reporter = Reporter(MemoryStore())
         await step(reporter, RUNNING)
         assert await step(reporter, obs(workload=workload(ADMITTED), pods=(ended,))) == []
+
+
+async def test_each_event_carries_a_stable_id_of_job_attempt_and_sequence() -> None:
+    reporter = Reporter(MemoryStore())
+    first = await report(reporter, RUNNING)
+    assert [e.id for e in first] == [f"j1/1/{n}" for n in range(1, len(first) + 1)]
+    record = await reporter.record_of("j1", 1)
+    assert record is not None
+    assert record.sequence == len(first)
+
+
+async def test_a_failed_commit_reports_nothing_and_the_same_ids_come_again() -> None:
+    class RefusingStore(MemoryStore):
+        refuse = True
+
+        async def commit(
+            self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
+        ) -> None:
+            if self.refuse:
+                raise OSError("the store is down")
+            await super().commit(job, attempt, record, events)
+
+    store = RefusingStore()
+    reporter = Reporter(store)
+    status = derive(RUNNING, loss_taints=LOSS)
+    transition = await reporter.next_transition(
+        job="j1", attempt=1, train_job="j1-1", status=status, now=NOW
+    )
+    assert transition is not None
+    with pytest.raises(OSError, match="down"):
+        await reporter.commit(transition)
+    assert await reporter.record_of("j1", 1) is None
+    store.refuse = False
+    again = await reporter.report(job="j1", attempt=1, train_job="j1-1", status=status, now=NOW)
+    assert [e.id for e in again] == [e.id for e in transition.events]
+    assert [e.type for e in again] == [e.type for e in transition.events]

@@ -23,7 +23,8 @@ from dispatch_kubeflow.handlers.adapters import (
     parse_spec,
     ready_status,
 )
-from dispatch_kubeflow.handlers.jobs import event_kind, event_message, job_spec
+from dispatch_kubeflow.handlers.jobs import job_spec
+from dispatch_kubeflow.handlers.reported import event_kind, event_message
 from dispatch_kubeflow.handlers.startup import apply_settings
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

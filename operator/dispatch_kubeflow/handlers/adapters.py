@@ -39,7 +39,6 @@ from dispatch_kubeflow.handlers.conditions import (
     parse_conditions,
     set_conditions,
 )
-from dispatch_kubeflow.handlers.jobs import JobEventRouter
 from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
@@ -227,7 +226,12 @@ class AdapterSession:
     def adapter_config(self, settings: Settings) -> AdapterConfig:
         """The adapter of this session, reporting into the DispatchJobs' status."""
         store = DispatchJobStatusStore(
-            self.api, settings.namespace, self.name, settings.timeouts.request
+            self.api,
+            settings.namespace,
+            self.name,
+            settings.timeouts.request,
+            post_event=self.post_event,
+            clock=self.clock,
         )
         return AdapterConfig(settings=settings, token=None, adapter_name=self.name, store=store)
 
@@ -242,33 +246,32 @@ class AdapterSession:
         await self.write(opening_status(settings, self.generation))
         delay = RETRY_FIRST
         while True:
+            config = self.adapter_config(settings)
             try:
-                adapter = await self.opener(self.adapter_config(settings))
+                adapter = await self.opener(config)
             except asyncio.CancelledError:
+                await _close(config.store)
                 raise
             except Exception as error:  # every failure is shown, then retried
+                await _close(config.store)
                 self.logger.warning("opening the adapter failed: %s", error)
                 await self.write(open_failed_status(error, self.generation))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             delay = RETRY_FIRST
-            await self._watch(adapter, settings)
+            try:
+                await self._watch(adapter, settings)
+            finally:
+                await _close(config.store)
             await asyncio.sleep(delay)
 
     async def _watch(self, adapter: Adapter, settings: Settings) -> None:
-        router = JobEventRouter(
-            api=self.api,
-            namespace=settings.namespace,
-            adapter_name=self.name,
-            post_event=self.post_event,
-            clock=self.clock,
-        )
         await self.registry.publish(settings.namespace, self.name, adapter)
         try:
             await self.write(ready_status(self.generation))
             async for event in adapter.watch():
-                await self._route(event, router, settings.namespace)
+                await self._route(event, settings.namespace)
             raise RuntimeError("the watch stream ended")
         except asyncio.CancelledError:
             raise
@@ -280,13 +283,21 @@ class AdapterSession:
             with contextlib.suppress(Exception):
                 await adapter.close()
 
-    async def _route(self, event: DispatchEvent, router: JobEventRouter, served: str) -> None:
+    async def _route(self, event: DispatchEvent, served: str) -> None:
+        """Write the event's line; a heartbeat also moves the adapter's AdmissionHealthy.
+
+        A job's event is already in its DispatchJob's status: the store committed it there.
+        """
         wire = event.model_dump(mode="json", by_alias=True)
         self.event_lines.write({"adapter": self.name, "namespace": served, **wire})
         if event.type is EventType.ADMISSION_HEARTBEAT:
             await self.write(heartbeat_status(event, self.generation))
-            return
-        await router.deliver(wire)
+
+
+async def _close(store: object) -> None:
+    """Stop what the session's report store watches, if it is one that watches."""
+    if isinstance(store, DispatchJobStatusStore):
+        await store.close()
 
 
 async def _first_of(flags: Sequence[asyncio.Event | kopf.DaemonStopped]) -> None:

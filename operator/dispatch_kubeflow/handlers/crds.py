@@ -156,6 +156,10 @@ def _status_schema() -> dict[str, Any]:
             "message": _string("The upstream condition's message, verbatim.", nullable=True),
             "trainJob": _string("Name of the TrainJob of the current attempt.", nullable=True),
             "observedGeneration": {"type": "integer"},
+            "truncated": _string(
+                "Set when the status was shortened to stay under 256 KiB: what was cut.",
+                nullable=True,
+            ),
             "conditions": condition_schema([c.value for c in JobCondition]),
             "events": {
                 "type": "array",

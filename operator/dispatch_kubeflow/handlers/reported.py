@@ -1,43 +1,73 @@
 """Where the operator keeps how far each job has been reported: its DispatchJob's status.
 
-The library keeps each (job, attempt)'s ``ReportedRecord`` in an annotation on the TrainJob, so the
-record goes when the TrainJob goes, and a job whose objects all vanished while no adapter watched
-could never be reported as ``Vanished``. In the operator every job has a DispatchJob, which outlives
-its TrainJob (its finalizer holds it until ``stop_job`` is done), so the record lives in the
-DispatchJob's ``status.reported``, one entry per attempt. The store can also list the DispatchJobs
-with unfinished records (``ListingReportStore``), so a restarted supervisor checks those jobs even
-when nothing of them is left to watch.
+The library keeps each (job, attempt)'s ``ReportedRecord`` in an annotation on the TrainJob, so
+the record goes when the TrainJob goes, and a job whose objects all vanished while no adapter
+watched could never be reported as ``Vanished``. In the operator every job has a DispatchJob,
+which outlives its TrainJob (its finalizer holds it until ``stop_job`` is done), so the record
+lives in the DispatchJob's ``status.reported``, one entry per attempt.
+
+A transition is committed in one write: the record, the folded event history, the state and the
+conditions go into the DispatchJob's status in one merge patch that carries the resourceVersion
+it was computed from. The record and what a user sees can never disagree, and a write that
+fails (a conflict that keeps coming, a policy that denies it, an apiserver that is down) leaves
+both as they were, so the supervisor reports the same transition again later. The store watches
+the DispatchJobs of its namespace (one ``kube.informer.Informer``), so a commit reads nothing:
+only a conflict costs a GET. The Kubernetes Events that mirror dispatch events are posted once
+their commit has succeeded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from dispatch_kubeflow.constants import DISPATCH_JOBS, GROUP, STATUS_REPORTED, VERSION
-from dispatch_kubeflow.handlers.kube import read_object, update_status
-from dispatch_kubeflow.kube.informer import list_all
+from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
+from dispatch_kubeflow.constants import (
+    DISPATCH_JOB_KIND,
+    DISPATCH_JOBS,
+    GROUP,
+    STATUS_REPORTED,
+    VERSION,
+    EventType,
+    State,
+)
+from dispatch_kubeflow.errors import UnavailableError
+from dispatch_kubeflow.events import DispatchEvent
+from dispatch_kubeflow.handlers.kube import patch_status, read_object
+from dispatch_kubeflow.handlers.status import DispatchJobStatus, fold_events
+from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_conflict, is_not_found
+from dispatch_kubeflow.kube.informer import Change, Informer, Synced
+from dispatch_kubeflow.kube.objects import dig, resource_version_of
 from dispatch_kubeflow.reporting import ReportedRecord
 
 DEFAULT_TIMEOUT: Final = timedelta(seconds=30)
+CONFLICT_RETRIES: Final = 10
 
 JobKey = tuple[str, int]
+# (DispatchJob body, Normal or Warning, reason, message): posts one Kubernetes Event.
+PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
 
 log = logging.getLogger(__name__)
+
+WARNING_TYPES: Final = frozenset(
+    {EventType.EVICTED, EventType.NODE_LOST, EventType.VANISHED, EventType.RESTARTED}
+)
+WARNING_STATES: Final = frozenset({State.FAILED, State.UNKNOWN})
 
 
 def records_of(body: Mapping[str, Any] | None, adapter: str) -> dict[int, ReportedRecord]:
     """The readable records in a DispatchJob's status by attempt; none if not of ``adapter``."""
-    if not body or (body.get("spec") or {}).get("adapter") != adapter:
+    if not body or dig(body, "spec", "adapter") != adapter:
         return {}
-    stored = (body.get("status") or {}).get(STATUS_REPORTED) or {}
+    stored = dig(body, "status", STATUS_REPORTED)
     records: dict[int, ReportedRecord] = {}
-    for attempt, text in stored.items():
+    for attempt, text in (stored or {}).items() if isinstance(stored, Mapping) else ():
         record = ReportedRecord.from_json(text) if isinstance(text, str) else None
         if record is not None and str(attempt).isdigit():
             records[int(attempt)] = record
@@ -49,17 +79,36 @@ def record_patch(attempt: int, record: ReportedRecord) -> dict[str, Any]:
     return {STATUS_REPORTED: {str(attempt): record.to_json()}}
 
 
+def event_kind(event: Mapping[str, Any]) -> str:
+    """Normal or Warning, for the Kubernetes Event mirroring a dispatch event."""
+    if event.get("type") in WARNING_TYPES or event.get("state") in WARNING_STATES:
+        return "Warning"
+    return "Normal"
+
+
+def event_message(event: Mapping[str, Any]) -> str:
+    head = f"attempt {event.get('attempt')}: {event.get('state')}"
+    if event.get("cause"):
+        head += f" ({event['cause']})"
+    detail = event.get("message") or event.get("reason") or ""
+    return f"{head}: {detail}" if detail else head
+
+
+def _ignore(_body: Mapping[str, Any], _kind: str, _reason: str, _message: str) -> None:
+    return None
+
+
 class DispatchJobStatusStore:
     """A ``ListingReportStore`` over the DispatchJobs one adapter serves in its namespace.
 
-    Writes are status-subresource merge patches carrying the resourceVersion they were computed
-    from (``kube.update_status``). A record for a job without a DispatchJob of this adapter (it
-    was deleted, or the job was started through the library) is dropped with a log line: there is
-    nothing to fold its events into either. Each request is bounded by ``request_timeout``; a
-    timeout or an API error reaches the supervisor, which counts nothing as reported and retries.
-    ``unfinished`` lists page by page through ``kube.informer.list_all``, whose failures are the
-    error family's.
+    ``commit`` folds a transition's events and its record into the DispatchJob's status in one
+    write (see the module docstring). A transition of a job without a DispatchJob of this adapter
+    (it was deleted, or the job was started through the library) is dropped with a log line:
+    there is nothing to fold it into. A failed write raises, and nothing counts as reported.
     """
+
+    # The status holds the events' effect with the record: commit before handing them on.
+    effects_committed = True
 
     def __init__(
         self,
@@ -67,67 +116,154 @@ class DispatchJobStatusStore:
         namespace: str,
         adapter_name: str,
         request_timeout: timedelta = DEFAULT_TIMEOUT,
+        *,
+        post_event: PostEvent = _ignore,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._api = api
         self._namespace = namespace
         self._adapter = adapter_name
         self._request_timeout = request_timeout
-        self._timeout = request_timeout.total_seconds()
-        # Records seen by the last ``unfinished`` listing, each handed out once by ``load``, so
-        # a restart reads every record with one LIST instead of a GET per job.
-        self._listed: dict[JobKey, ReportedRecord] = {}
-        self.requests = 0
-
-    async def load(self, job: str, attempt: int) -> ReportedRecord | None:
-        listed = self._listed.pop((job, attempt), None)
-        if listed is not None:
-            return listed
-        self.requests += 1
-        async with asyncio.timeout(self._timeout):
-            body = await read_object(self._api, DISPATCH_JOBS, self._namespace, job)
-        return records_of(body, self._adapter).get(attempt)
-
-    async def save(self, job: str, attempt: int, record: ReportedRecord) -> None:
-        served: dict[str, bool] = {}
-
-        async def change(current: dict[str, Any]) -> dict[str, Any] | None:
-            self.requests += 1
-            if (current.get("spec") or {}).get("adapter") != self._adapter:
-                served["other"] = True
-                return None
-            if records_of(current, self._adapter).get(attempt) == record:
-                return None
-            self.requests += 1
-            return record_patch(attempt, record)
-
-        async with asyncio.timeout(self._timeout):
-            written = await update_status(self._api, DISPATCH_JOBS, self._namespace, job, change)
-        if written is None or served:
-            log.info(
-                "no DispatchJob %s of adapter %s in %s: the reported record of attempt %s "
-                "is dropped",
-                job,
-                self._adapter,
-                self._namespace,
-                attempt,
-            )
-
-    async def unfinished(self) -> list[JobKey]:
-        """Every (job, attempt) of this adapter's DispatchJobs whose record is not finished."""
-        self._listed = {}
-        listing = await list_all(
+        self._post_event = post_event
+        self._clock = clock
+        self._informer = Informer(
+            DISPATCH_JOB_KIND,
             self._list_page,
-            what=f"list the DispatchJobs in {self._namespace}",
-            request_timeout=self._request_timeout,
+            self._noted,
+            request_timeout=request_timeout,
         )
-        for item in listing.items:
-            name = str(item["metadata"]["name"])
-            for attempt, record in records_of(item, self._adapter).items():
-                self._listed[(name, attempt)] = record
-        return sorted(key for key, record in self._listed.items() if not record.finished)
+        self._task: asyncio.Task[None] | None = None
+        self.requests = 0
+        self.writes = 0
+
+    # The DispatchJobs in view.
+
+    async def _noted(self, _change: Change | Synced) -> None:
+        return None
 
     async def _list_page(self, **options: Any) -> Any:
         self.requests += 1
         return await client.CustomObjectsApi(self._api).list_namespaced_custom_object(
             GROUP, VERSION, self._namespace, DISPATCH_JOBS, **options
         )
+
+    async def _in_view(self) -> Informer:
+        """The informer, started on first use and listed at least once."""
+        if self._task is None:
+            self._task = asyncio.create_task(
+                self._informer.run(), name=f"watch DispatchJobs in {self._namespace}"
+            )
+        if not self._informer.synced.is_set():
+            try:
+                async with asyncio.timeout(self._request_timeout.total_seconds()):
+                    await self._informer.synced.wait()
+            except TimeoutError:
+                failure = self._informer.last_failure
+                raise UnavailableError(
+                    f"cannot list the DispatchJobs in {self._namespace}: "
+                    f"{failure or 'no answer in time'}"
+                ) from None
+        return self._informer
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _ours(self, body: Mapping[str, Any] | None) -> bool:
+        return body is not None and dig(body, "spec", "adapter") == self._adapter
+
+    # ReportStore.
+
+    async def load(self, job: str, attempt: int) -> ReportedRecord | None:
+        informer = await self._in_view()
+        return records_of(informer.get(job, self._namespace), self._adapter).get(attempt)
+
+    async def unfinished(self) -> list[JobKey]:
+        """Every (job, attempt) of this adapter's DispatchJobs whose record is not finished."""
+        informer = await self._in_view()
+        return sorted(
+            (str(dig(body, "metadata", "name")), attempt)
+            for body in informer.cache.values()
+            for attempt, record in records_of(body, self._adapter).items()
+            if not record.finished
+        )
+
+    async def commit(
+        self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
+    ) -> None:
+        informer = await self._in_view()
+        wire = [event.model_dump(mode="json", by_alias=True) for event in events]
+        current = informer.get(job, self._namespace)
+        for _ in range(CONFLICT_RETRIES):
+            if current is None:
+                current = await self._read(job)
+            if not self._ours(current):
+                log.info(
+                    "no DispatchJob %s of adapter %s in %s: %d event(s) of attempt %s dropped",
+                    job,
+                    self._adapter,
+                    self._namespace,
+                    len(wire),
+                    attempt,
+                )
+                return
+            assert current is not None
+            patch, new = self._status_patch(current, attempt, record, wire)
+            try:
+                written = await self._write(job, patch, resource_version_of(current))
+            except REQUEST_ERRORS as error:
+                if is_not_found(error):
+                    current = None
+                    continue
+                if not is_conflict(error):
+                    raise
+                current = await self._read(job)
+                continue
+            informer.cache[f"{self._namespace}/{job}"] = written
+            for event in new:
+                self._post_event(
+                    written, event_kind(event), str(event.get("type")), event_message(event)
+                )
+            return
+        raise UnavailableError(
+            f"DispatchJob {job} in {self._namespace}: its status kept changing under the writer"
+        )
+
+    def _status_patch(
+        self,
+        current: Mapping[str, Any],
+        attempt: int,
+        record: ReportedRecord,
+        events: Sequence[Mapping[str, Any]],
+    ) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
+        status, new = fold_events(
+            DispatchJobStatus.from_wire(dig(current, "status")),
+            events,
+            attempt=int(dig(current, "spec", "attempt") or 1),
+            generation=dig(current, "metadata", "generation"),
+            now=self._clock.now(),
+        )
+        return {**status.to_wire(), **record_patch(attempt, record)}, new
+
+    async def _read(self, job: str) -> dict[str, Any] | None:
+        self.requests += 1
+        async with asyncio.timeout(self._request_timeout.total_seconds()):
+            return await read_object(self._api, DISPATCH_JOBS, self._namespace, job)
+
+    async def _write(
+        self, job: str, patch: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        self.requests += 1
+        self.writes += 1
+        async with asyncio.timeout(self._request_timeout.total_seconds()):
+            return await patch_status(
+                self._api,
+                DISPATCH_JOBS,
+                self._namespace,
+                job,
+                patch,
+                resource_version=resource_version,
+            )

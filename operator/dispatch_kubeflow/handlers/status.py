@@ -5,11 +5,16 @@ status. The top-level ``state``/``cause``/``reason``/``message`` and the ``Admit
 ``Finished`` conditions follow the current attempt only; events of earlier attempts are kept in the
 history but change nothing else. An event already in the history is ignored, so a replay after a
 restart leaves the status as it was.
+
+The status is bounded (``bound``): however long the upstream messages and evidence are, it stays
+under ``STATUS_LIMIT`` bytes of JSON so the apiserver always stores it, and ``truncated`` says
+what was cut.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +32,13 @@ from dispatch_kubeflow.handlers.conditions import (
 )
 
 HISTORY_LIMIT = 50
+# A DispatchJob's whole status stays under this many bytes of JSON (etcd takes 1.5 MiB objects).
+STATUS_LIMIT = 256 * 1024
+MESSAGE_LIMIT = 4096
+EVENT_MESSAGE_LIMIT = 1024
+EVIDENCE_KEPT = 8
+EVIDENCE_MESSAGE_LIMIT = 512
+ELLIPSIS = "…"
 TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED})
 # Reasons the fold itself writes when an event carries none.
 REASON_SUBMITTED = "Submitted"
@@ -48,6 +60,7 @@ class DispatchJobStatus(BaseModel):
     message: str | None = None
     train_job: str | None = None
     observed_generation: int | None = None
+    truncated: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
     events: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -126,7 +139,7 @@ def fold_event(
     """The status after ``event``; ``attempt`` is the attempt the DispatchJob's spec asks for."""
     if is_recorded(status, event):
         return status
-    events = [*status.events, dict(event)][-HISTORY_LIMIT:]
+    events = [*status.events, bounded_event(event)][-HISTORY_LIMIT:]
     if event.get("attempt") != attempt:
         return status.model_copy(update={"events": events})
     update: dict[str, Any] = {
@@ -135,7 +148,7 @@ def fold_event(
         "state": event.get("state"),
         "cause": event.get("cause"),
         "reason": event.get("reason"),
-        "message": event.get("message"),
+        "message": shorten(event.get("message"), MESSAGE_LIMIT),
         "train_job": event.get("trainJob") or status.train_job,
         "observed_generation": generation,
         "conditions": set_conditions(
@@ -202,3 +215,63 @@ def refuse_attempt(
             "conditions": set_conditions(status.conditions, updates, now=now),
         }
     )
+
+
+def fold_events(
+    status: DispatchJobStatus,
+    events: Sequence[Mapping[str, Any]],
+    *,
+    attempt: int,
+    generation: int | None,
+    now: datetime,
+) -> tuple[DispatchJobStatus, list[Mapping[str, Any]]]:
+    """The bounded status after ``events``, and those of them that were new to it."""
+    new: list[Mapping[str, Any]] = []
+    for event in events:
+        if is_recorded(status, event):
+            continue
+        status = fold_event(status, event, attempt=attempt, generation=generation, now=now)
+        new.append(event)
+    return bound(status), new
+
+
+def shorten(text: Any, limit: int) -> Any:
+    """``text`` cut to ``limit`` characters with an ellipsis; other values as they are."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return text[: limit - len(ELLIPSIS)] + ELLIPSIS
+
+
+def bounded_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The event as the history keeps it: its message and evidence cut to a bounded size."""
+    kept = dict(event)
+    kept["message"] = shorten(event.get("message"), EVENT_MESSAGE_LIMIT)
+    evidence = event.get("evidence")
+    if isinstance(evidence, list):
+        kept["evidence"] = [
+            {**item, "message": shorten(item.get("message"), EVIDENCE_MESSAGE_LIMIT)}
+            if isinstance(item, Mapping) and "message" in item
+            else item
+            for item in evidence[:EVIDENCE_KEPT]
+        ]
+    return kept
+
+
+def _size(status: DispatchJobStatus) -> int:
+    return len(json.dumps(status.to_wire(), separators=(",", ":")))
+
+
+def bound(status: DispatchJobStatus) -> DispatchJobStatus:
+    """``status`` with its oldest history dropped until it fits ``STATUS_LIMIT``, and why."""
+    if _size(status) <= STATUS_LIMIT:
+        return status
+    events = list(status.events)
+    dropped = 0
+    while events and _size(status.model_copy(update={"events": events})) > STATUS_LIMIT:
+        events.pop(0)
+        dropped += 1
+    note = (
+        f"the {dropped} oldest events were dropped from the history to keep the status under "
+        f"{STATUS_LIMIT // 1024} KiB"
+    )
+    return status.model_copy(update={"events": events, "truncated": note})
