@@ -2,15 +2,15 @@
 
 The handlers are thin: they find the open adapter serving the DispatchJob's namespace, call the
 library (``start``, ``stop_job``) and record the outcome in the status. The adapter's dispatch
-events reach DispatchJobs through the adapter's report store (``reported``), which commits each
-transition into the status in one write, driven by the KubeflowAdapter's single watch, never by
-a watch per job.
+events reach DispatchJobs through ``JobEventRouter``, driven by the KubeflowAdapter's single
+watch, never by a watch per job.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import kopf
@@ -22,6 +22,7 @@ from dispatch_kubeflow.constants import (
     GROUP,
     STATUS_REPORTED,
     VERSION,
+    EventType,
     State,
 )
 from dispatch_kubeflow.errors import ErrInvalid, ErrOutcomeUnknown, ErrUnsupported
@@ -37,6 +38,8 @@ from dispatch_kubeflow.handlers.serving import (
 from dispatch_kubeflow.handlers.status import (
     DispatchJobStatus,
     begin_attempt,
+    fold_event,
+    is_recorded,
     refuse_attempt,
 )
 from dispatch_kubeflow.settings import RuntimeRef
@@ -47,6 +50,9 @@ UNFINISHED_WAIT: Final = 30.0
 RETRY_UNKNOWN: Final = 10.0
 REASON_INVALID_JOB: Final = "InvalidJob"
 REASON_UNSUPPORTED: Final = "Unsupported"
+WARNING_TYPES: Final = frozenset(
+    {EventType.EVICTED, EventType.NODE_LOST, EventType.VANISHED, EventType.RESTARTED}
+)
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
@@ -67,6 +73,68 @@ def job_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
         gpus_per_node=int(spec.get("gpusPerNode", 0)),
         active_deadline_seconds=spec.get("activeDeadlineSeconds"),
     )
+
+
+def event_kind(event: Mapping[str, Any]) -> str:
+    """Normal or Warning, for the Kubernetes Event mirroring a dispatch event."""
+    if event.get("type") in WARNING_TYPES:
+        return "Warning"
+    if event.get("state") in (State.FAILED, State.UNKNOWN):
+        return "Warning"
+    return "Normal"
+
+
+def event_message(event: Mapping[str, Any]) -> str:
+    head = f"attempt {event.get('attempt')}: {event.get('state')}"
+    if event.get("cause"):
+        head += f" ({event['cause']})"
+    detail = event.get("message") or event.get("reason") or ""
+    return f"{head}: {detail}" if detail else head
+
+
+@dataclass
+class JobEventRouter:
+    """Folds one adapter's dispatch events into the DispatchJobs of its served namespace."""
+
+    api: ApiClient
+    namespace: str
+    adapter_name: str
+    post_event: PostEvent
+    clock: Clock = SYSTEM_CLOCK
+
+    async def deliver(self, event: Mapping[str, Any]) -> bool:
+        """Fold ``event`` into its DispatchJob; True when it was new there.
+
+        Jobs with no DispatchJob (started through the library) or served by another adapter
+        are left alone.
+        """
+        job = event.get("job")
+        if not job:
+            return False
+        folded: dict[str, Any] = {}
+
+        async def change(current: dict[str, Any]) -> dict[str, Any] | None:
+            if current.get("spec", {}).get("adapter") != self.adapter_name:
+                return None
+            status = DispatchJobStatus.from_wire(current.get("status"))
+            if is_recorded(status, event):
+                return None
+            after = fold_event(
+                status,
+                event,
+                attempt=int(current["spec"].get("attempt", 1)),
+                generation=current["metadata"].get("generation"),
+                now=self.clock.now(),
+            )
+            folded["body"] = current
+            return after.to_wire()
+
+        await update_status(self.api, DISPATCH_JOBS, self.namespace, str(job), change)
+        if "body" not in folded:
+            return False
+        reason = str(event.get("type"))
+        self.post_event(folded["body"], event_kind(event), reason, event_message(event))
+        return True
 
 
 async def record_start(
@@ -153,19 +221,22 @@ async def adapter_to_start(
 async def start_attempt(
     *,
     memo: kopf.Memo,
-    adapters: AdaptersByName,
     body: kopf.Body,
     name: str,
-    namespace: str,
+    namespace: str | None,
     spec: Mapping[str, Any],
     logger: Logger,
+    **kwargs: Any,
 ) -> None:
+    """Start attempt ``spec.attempt``, given kopf's handler arguments (the adapter index too)."""
+    namespace = str(namespace)
     attempt = int(spec.get("attempt", 1))
     try:
         job = job_spec(name, spec)
     except ErrInvalid as error:
         await _refuse(memo, body, name, namespace, attempt, REASON_INVALID_JOB, str(error))
         return
+    adapters = adapters_seen(kwargs)
     adapter = await adapter_to_start(memo, adapters, name, namespace, str(spec.get("adapter")))
     try:
         await adapter.start(job)
@@ -196,24 +267,8 @@ async def _refuse(
 
 
 @kopf.on.create(GROUP, VERSION, DISPATCH_JOBS)
-async def start_job(
-    body: kopf.Body,
-    spec: kopf.Spec,
-    name: str,
-    namespace: str | None,
-    memo: Any,
-    logger: Logger,
-    **kwargs: Any,
-) -> None:
-    await start_attempt(
-        memo=memo,
-        adapters=adapters_seen(kwargs),
-        body=body,
-        name=name,
-        namespace=str(namespace),
-        spec=spec,
-        logger=logger,
-    )
+async def start_job(**kwargs: Any) -> None:
+    await start_attempt(**kwargs)
 
 
 def waits_for_current(status: DispatchJobStatus, raised: int) -> bool:
@@ -228,18 +283,7 @@ def waits_for_current(status: DispatchJobStatus, raised: int) -> bool:
 
 
 @kopf.on.update(GROUP, VERSION, DISPATCH_JOBS, field="spec.attempt")
-async def raise_attempt(
-    old: Any,
-    new: Any,
-    body: kopf.Body,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    name: str,
-    namespace: str | None,
-    memo: Any,
-    logger: Logger,
-    **kwargs: Any,
-) -> None:
+async def raise_attempt(old: Any, new: Any, status: kopf.Status, **kwargs: Any) -> None:
     """A raised attempt starts once the current attempt has finished."""
     if old is not None and new is not None and int(new) <= int(old):
         return
@@ -249,15 +293,7 @@ async def raise_attempt(
             f"attempt {current.attempt} has not finished; attempt {new} waits for it",
             delay=UNFINISHED_WAIT,
         )
-    await start_attempt(
-        memo=memo,
-        adapters=adapters_seen(kwargs),
-        body=body,
-        name=name,
-        namespace=str(namespace),
-        spec=spec,
-        logger=logger,
-    )
+    await start_attempt(**kwargs)
 
 
 def never_started(status: Mapping[str, Any] | None) -> bool:
