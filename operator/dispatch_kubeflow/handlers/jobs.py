@@ -2,15 +2,15 @@
 
 The handlers are thin: they find the open adapter serving the DispatchJob's namespace, call the
 library (``start``, ``stop_job``) and record the outcome in the status. The adapter's dispatch
-events reach DispatchJobs through ``JobEventRouter``, driven by the KubeflowAdapter's single
-watch, never by a watch per job.
+events reach DispatchJobs through the adapter's report store (``reported``), which commits each
+transition into the status in one write, driven by the KubeflowAdapter's single watch, never by
+a watch per job.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import kopf
@@ -22,7 +22,6 @@ from dispatch_kubeflow.constants import (
     GROUP,
     STATUS_REPORTED,
     VERSION,
-    EventType,
     State,
 )
 from dispatch_kubeflow.errors import ErrInvalid, ErrOutcomeUnknown, ErrUnsupported
@@ -38,8 +37,6 @@ from dispatch_kubeflow.handlers.serving import (
 from dispatch_kubeflow.handlers.status import (
     DispatchJobStatus,
     begin_attempt,
-    fold_event,
-    is_recorded,
     refuse_attempt,
 )
 from dispatch_kubeflow.settings import RuntimeRef
@@ -50,9 +47,6 @@ UNFINISHED_WAIT: Final = 30.0
 RETRY_UNKNOWN: Final = 10.0
 REASON_INVALID_JOB: Final = "InvalidJob"
 REASON_UNSUPPORTED: Final = "Unsupported"
-WARNING_TYPES: Final = frozenset(
-    {EventType.EVICTED, EventType.NODE_LOST, EventType.VANISHED, EventType.RESTARTED}
-)
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
@@ -73,68 +67,6 @@ def job_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
         gpus_per_node=int(spec.get("gpusPerNode", 0)),
         active_deadline_seconds=spec.get("activeDeadlineSeconds"),
     )
-
-
-def event_kind(event: Mapping[str, Any]) -> str:
-    """Normal or Warning, for the Kubernetes Event mirroring a dispatch event."""
-    if event.get("type") in WARNING_TYPES:
-        return "Warning"
-    if event.get("state") in (State.FAILED, State.UNKNOWN):
-        return "Warning"
-    return "Normal"
-
-
-def event_message(event: Mapping[str, Any]) -> str:
-    head = f"attempt {event.get('attempt')}: {event.get('state')}"
-    if event.get("cause"):
-        head += f" ({event['cause']})"
-    detail = event.get("message") or event.get("reason") or ""
-    return f"{head}: {detail}" if detail else head
-
-
-@dataclass
-class JobEventRouter:
-    """Folds one adapter's dispatch events into the DispatchJobs of its served namespace."""
-
-    api: ApiClient
-    namespace: str
-    adapter_name: str
-    post_event: PostEvent
-    clock: Clock = SYSTEM_CLOCK
-
-    async def deliver(self, event: Mapping[str, Any]) -> bool:
-        """Fold ``event`` into its DispatchJob; True when it was new there.
-
-        Jobs with no DispatchJob (started through the library) or served by another adapter
-        are left alone.
-        """
-        job = event.get("job")
-        if not job:
-            return False
-        folded: dict[str, Any] = {}
-
-        async def change(current: dict[str, Any]) -> dict[str, Any] | None:
-            if current.get("spec", {}).get("adapter") != self.adapter_name:
-                return None
-            status = DispatchJobStatus.from_wire(current.get("status"))
-            if is_recorded(status, event):
-                return None
-            after = fold_event(
-                status,
-                event,
-                attempt=int(current["spec"].get("attempt", 1)),
-                generation=current["metadata"].get("generation"),
-                now=self.clock.now(),
-            )
-            folded["body"] = current
-            return after.to_wire()
-
-        await update_status(self.api, DISPATCH_JOBS, self.namespace, str(job), change)
-        if "body" not in folded:
-            return False
-        reason = str(event.get("type"))
-        self.post_event(folded["body"], event_kind(event), reason, event_message(event))
-        return True
 
 
 async def record_start(
