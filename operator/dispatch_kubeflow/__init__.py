@@ -1,9 +1,18 @@
 """dispatch-kubeflow: dispatch jobs as Kubeflow Trainer v2 TrainJobs, supervised.
 
-The package is layered in the direction data flows: ``settings`` (what the adapter is told) →
-``adapter`` (what it does to the cluster) → ``watching`` (what it sees) → ``events`` (what that
-means for a job) → the operator's handlers (what users read in status). A module never imports
-one further along that chain.
+The package is layered; a module imports only from its own layer or lower ones (the contracts
+in pyproject.toml, checked by ``lint-imports``):
+
+- programs: ``cli``; ``handlers`` (the kopf operator) and ``admission`` (dispatch-admission);
+- library: ``adapter`` (the facade); ``probe``, ``gate``, ``starting``, ``stopping``,
+  ``finding`` (one operation each); ``supervisor`` (the watch); ``derivation``, ``index``,
+  ``heartbeat``, ``reporting``, ``runtimes``; ``reasons``, ``events``, ``trainjob``, ``scope``;
+- settings: ``schema``, ``settings``;
+- foundation: ``kube`` (informer, API errors, object readers, Workload predicates, Leases and
+  leader election, connections);
+- base: ``clock``, ``gotime``, ``constants``, ``errors``.
+
+``publish`` stands alone: it runs in trainer images and imports nothing of the package.
 """
 
 from dispatch_kubeflow.errors import (
