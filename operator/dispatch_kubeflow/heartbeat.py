@@ -5,6 +5,11 @@ absence of an update, so a watch alone never sees it: ``LeaseHeartbeat`` also ru
 wakes at the instant the current renewal runs out. Time comes from an injected ``Clock`` so that
 tests drive it (``LoopClock`` under looptime) instead of sleeping.
 
+The timer never computes an event itself: it only asks for a check (``wake``), and the gate is
+judged when the consumer gets to it (``check``), from the latest Lease observed and the time of
+that moment. A consumer that lags behind the timer so still reports the gate as it is, never a
+``closed`` computed before a renewal it had not yet applied.
+
 The skew allowance (``DEFAULT_SKEW``, 2 s) absorbs the difference between the controller's clock,
 which stamps ``renewTime``, and ours, which compares against it.
 """
@@ -72,10 +77,6 @@ class LeaseHeartbeat:
         self._changed.set()
         return self._settle()
 
-    def check(self) -> DispatchEvent | None:
-        """Re-evaluate against the clock alone (what the timer calls)."""
-        return self._settle() if self._seen else None
-
     def _settle(self) -> DispatchEvent | None:
         now = self._clock.now()
         gate: Gate = "open" if is_alive(self._lease, now, self._skew) else "closed"
@@ -110,25 +111,40 @@ class LeaseHeartbeat:
             f" and expired at {expiry} (including {self._skew.total_seconds():g}s skew allowance)",
         )
 
-    async def run_timer(self, emit: Callable[[DispatchEvent], Awaitable[None]]) -> None:
-        """Forever: sleep until the current renewal runs out (or a new one arrives), re-check."""
+    def check(self) -> DispatchEvent | None:
+        """Re-evaluate against the clock: what the consumer calls when the timer woke it."""
+        self._changed.set()  # re-arms the timer, which waits for its wake-up to be consumed
+        return self._settle() if self._seen else None
+
+    async def run_timer(self, wake: Callable[[], Awaitable[None]]) -> None:
+        """Forever: sleep until the current renewal runs out, then ask for a ``check``.
+
+        A new observation re-arms the sleep. After a wake-up the timer waits until it has been
+        consumed (``check``) or the Lease changed, so a lagging consumer gets one check, not many.
+        """
         while True:
             self._changed.clear()
             expiry = self._lease.expiry(self._skew) if self._lease is not None else None
-            waiter = asyncio.ensure_future(self._changed.wait())
-            try:
-                if expiry is not None and self._gate == "open":
-                    sleeper = asyncio.ensure_future(self._clock.sleep_until(expiry))
-                    try:
-                        await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        sleeper.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await sleeper
-                else:
-                    await waiter
-            finally:
-                waiter.cancel()
-            event = self.check()
-            if event is not None:
-                await emit(event)
+            if expiry is None or self._gate != "open":
+                await self._changed.wait()
+                continue
+            if await self._sleep_unless_changed(expiry):
+                continue
+            await wake()
+            await self._changed.wait()
+
+    async def _sleep_unless_changed(self, instant: datetime) -> bool:
+        """Sleep until ``instant``; True when the Lease changed (or a check ran) first."""
+        waiter = asyncio.ensure_future(self._changed.wait())
+        sleeper = asyncio.ensure_future(self._clock.sleep_until(instant))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiter, sleeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return self._changed.is_set() and not self._expired(instant)
+
+    def _expired(self, instant: datetime) -> bool:
+        return self._clock.now() >= instant

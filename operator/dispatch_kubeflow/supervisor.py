@@ -81,13 +81,18 @@ class StopNoted:
 
 
 @dataclass(frozen=True)
+class HeartbeatCheck:
+    """The Lease timer woke: judge the gate now, from the latest Lease applied."""
+
+
+@dataclass(frozen=True)
 class Retry:
     """Derive a job again: saving its record failed last time."""
 
     key: JobKey
 
 
-QueueItem = Change | Synced | StopNoted | Retry | DispatchEvent
+QueueItem = Change | Synced | StopNoted | Retry | HeartbeatCheck
 
 
 class TrainJobAnnotationStore:
@@ -297,7 +302,7 @@ class Supervisor:
         self.informers = self._informers()
         tasks = [asyncio.create_task(i.run(), name=f"watch-{i.kind}") for i in self.informers]
         if self._heartbeat is not None:
-            tasks.append(asyncio.create_task(self._heartbeat.run_timer(self._queue.put)))
+            tasks.append(asyncio.create_task(self._heartbeat.run_timer(self._wake_heartbeat)))
         pending_sync = {i.kind for i in self.informers}
         dirty: set[JobKey] = set()
         unflushed = 0
@@ -306,8 +311,10 @@ class Supervisor:
         try:
             while True:
                 item = await self._next(tasks)
-                if isinstance(item, DispatchEvent):
-                    yield item
+                if isinstance(item, HeartbeatCheck):
+                    event = self._heartbeat.check() if self._heartbeat is not None else None
+                    if event is not None:
+                        yield event
                     continue
                 if isinstance(item, Synced):
                     pending_sync.discard(item.kind)
@@ -362,6 +369,9 @@ class Supervisor:
         for task in done:
             task.result()  # a watch loop only ends by raising: surface it
         raise RuntimeError("a watch loop ended")
+
+    async def _wake_heartbeat(self) -> None:
+        await self._queue.put(HeartbeatCheck())
 
     def _observe_lease(self) -> DispatchEvent | None:
         if self._heartbeat is None:

@@ -52,18 +52,23 @@ def test_without_holder_or_renewal_it_is_not_alive() -> None:
 
 
 class Collector:
-    def __init__(self) -> None:
+    """A consumer that checks the gate as soon as the timer wakes it."""
+
+    def __init__(self, heartbeat: LeaseHeartbeat) -> None:
+        self.heartbeat = heartbeat
         self.events: list[DispatchEvent] = []
 
-    async def __call__(self, event: DispatchEvent) -> None:
-        self.events.append(event)
+    async def __call__(self) -> None:
+        event = self.heartbeat.check()
+        if event is not None:
+            self.events.append(event)
 
 
 @pytest.mark.looptime(start=0)
 async def test_the_timer_closes_the_gate_when_renewals_stop() -> None:
     clock = LoopClock(START)
     heartbeat = LeaseHeartbeat(namespace="dispatch-system", name="dispatch-admission", clock=clock)
-    collected = Collector()
+    collected = Collector(heartbeat)
     timer = asyncio.create_task(heartbeat.run_timer(collected))
     try:
         opened = heartbeat.observe(lease(clock.now(), duration=15))
@@ -86,7 +91,7 @@ async def test_the_timer_closes_the_gate_when_renewals_stop() -> None:
 async def test_renewals_keep_the_gate_open_and_a_late_one_reopens_it() -> None:
     clock = LoopClock(START)
     heartbeat = LeaseHeartbeat(namespace="ns", name="l", clock=clock)
-    collected = Collector()
+    collected = Collector(heartbeat)
     timer = asyncio.create_task(heartbeat.run_timer(collected))
     try:
         assert heartbeat.observe(lease(clock.now(), duration=10)) is not None
@@ -135,3 +140,55 @@ def test_a_missing_or_released_lease_closes_the_gate() -> None:
     dumped = released.model_dump(mode="json", by_alias=True)
     assert dumped["gate"] == "closed"
     assert dumped["job"] is None
+
+
+class LaggingConsumer:
+    """The supervisor's loop in small: one queue for Lease changes and timer wake-ups, each
+    applied only when consumed, by a consumer that is busy until ``busy_until`` (loop time)."""
+
+    def __init__(self, heartbeat: LeaseHeartbeat, busy_until: float) -> None:
+        self.heartbeat = heartbeat
+        self.busy_until = busy_until
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.events: list[DispatchEvent] = []
+
+    async def wake(self) -> None:
+        await self.queue.put(None)
+
+    async def run(self) -> None:
+        while True:
+            item = await self.queue.get()
+            lag = self.busy_until - asyncio.get_running_loop().time()
+            if lag > 0:
+                await asyncio.sleep(lag)
+            event = self.heartbeat.check() if item is None else self.heartbeat.observe(item)
+            if event is not None:
+                self.events.append(event)
+
+
+@pytest.mark.looptime(start=0)
+async def test_item17_a_consumer_lagging_past_the_lease_duration_reports_the_latest_gate() -> None:
+    clock = LoopClock(START)
+    heartbeat = LeaseHeartbeat(namespace="ns", name="l", clock=clock)
+    consumer = LaggingConsumer(heartbeat, busy_until=25)
+    opened = heartbeat.observe(lease(clock.now(), duration=15))  # valid until 17 s
+    assert opened is not None
+    tasks = [
+        asyncio.create_task(heartbeat.run_timer(consumer.wake)),
+        asyncio.create_task(consumer.run()),
+    ]
+    try:
+        await asyncio.sleep(10)
+        # Renewed at 10 s (valid until 27 s), but the consumer applies it only at 25 s; the
+        # timer meanwhile wakes at 17 s for the renewal it knows of.
+        await consumer.queue.put(lease(clock.now(), duration=15))
+        await asyncio.sleep(16)
+        assert consumer.events == []  # never closed: the renewal came before the expiry
+        assert heartbeat.gate == "open"
+        await asyncio.sleep(2)  # 28 s: the renewal ran out, and the consumer keeps up now
+        assert [(e.gate, e.reason) for e in consumer.events] == [("closed", REASON_EXPIRED)]
+        assert consumer.events[0].time == START + timedelta(seconds=27)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
