@@ -57,6 +57,9 @@ POD_FAILED = "Failed"
 REASON_NODE_DELETED = "NodeDeleted"
 # Kueue's eviction reason for a deactivated Workload, alone or as DeactivatedDueTo<cause>.
 WL_REASON_DEACTIVATED = "Deactivated"
+# publish never writes a record nested deeper; json.loads recurses once per level, so a deeper
+# termination message (a trainer can write anything there) is refused before it is parsed.
+RECORD_MAX_DEPTH = 64
 
 # --------------------------------------------------------------------------------------------
 # Reading raw objects
@@ -241,13 +244,14 @@ def _pod_evidence(
     pod: Mapping[str, Any], field: str, reason: str, message: str, **details: Any
 ) -> Evidence:
     """Evidence from a pod's status: ``field`` says which part, ``details`` the rest."""
+    node = dig(pod, "spec", "nodeName")
     return Evidence(
         kind=KIND_POD,
         name=name_of(pod),
         field=field,
         reason=reason,
         message=message,
-        node=dig(pod, "spec", "nodeName"),
+        node=node if isinstance(node, str) else None,
         **details,
     )
 
@@ -372,13 +376,41 @@ def published_result(pods: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None
 
 
 def _parse_record(message: Any) -> dict[str, Any] | None:
-    if not isinstance(message, str) or len(message.encode()) > PUBLISH_MAX_BYTES:
+    """The JSON object a termination message holds; None for anything else, never an error."""
+    if not isinstance(message, str) or len(message) > PUBLISH_MAX_BYTES:
+        return None
+    if len(message.encode("utf-8", "surrogatepass")) > PUBLISH_MAX_BYTES:
+        return None
+    if not _nested_at_most(message, RECORD_MAX_DEPTH):
         return None
     try:
         record = json.loads(message)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def _nested_at_most(document: str, limit: int) -> bool:
+    """Whether the arrays and objects of ``document`` (read as JSON) nest ``limit`` deep at most."""
+    depth = 0
+    in_string = escaped = False
+    for char in document:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif char in "]}":
+            depth -= 1
+    return True
 
 
 def _state_evidence(obs: JobObservation) -> tuple[str, str, tuple[Evidence, ...]]:
@@ -389,6 +421,11 @@ def _state_evidence(obs: JobObservation) -> tuple[str, str, tuple[Evidence, ...]
         if tj is not None and cond is not None and is_true(cond):
             ev = _condition_evidence(KIND_TRAINJOB, tj, cond)
             return ev.reason or "", ev.message or "", (ev,)
+    evicted = condition(obs.workload, WORKLOAD_EVICTED)
+    deactivated = obs.workload is not None and _is_deactivated(obs.workload)
+    if obs.workload is not None and evicted is not None and is_true(evicted) and deactivated:
+        ev = _condition_evidence(KIND_WORKLOAD, obs.workload, evicted)
+        return ev.reason or "", ev.message or "", (ev,)
     for type_ in (WORKLOAD_ADMITTED, WORKLOAD_QUOTA_RESERVED):
         cond = condition(obs.workload, type_)
         if obs.workload is not None and cond is not None and cond.get("status") == "False":
@@ -461,5 +498,7 @@ def _state(
     if tj is None:
         return State.UNKNOWN, Cause.EVIDENCE_LOST
     if _is_deactivated(obs.workload) and is_true(condition(obs.workload, WORKLOAD_EVICTED)):
-        return State.FAILED, cause
+        # Deactivated, the Workload is never admitted again unless someone reactivates it:
+        # whatever Kueue's reason, the job was stopped by the one with authority over it.
+        return State.FAILED, cause or Cause.STOPPED
     return (State.RUNNING if _is_running(obs, pods) else State.PENDING), cause

@@ -286,6 +286,15 @@ def _rows() -> Iterator[Reason]:
         "only on a MultiKueue worker cluster, which the adapter does not serve",
         KUEUE,
     )
+    yield Reason(
+        e,
+        "DeactivatedDueTo",
+        C.STOPPED,
+        "Kueue deactivated it for a cause this table does not name: it runs again only when "
+        "someone sets spec.active: true",
+        KUEUE,
+        prefix=True,
+    )
     for cause, text, why in (
         (C.TIMEOUT, r"(?i)maximum execution time", "deactivated for its maximum execution time"),
         (C.PODS_READY_TIMEOUT, r"(?i)re-queuing retries", "requeued too often after timeouts"),
