@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 from dispatch_kubeflow import reasons
+from dispatch_kubeflow.clock import parse_time
 from dispatch_kubeflow.constants import (
     EFFECT_NO_EXECUTE,
     KIND_NODE,
@@ -49,7 +51,7 @@ from dispatch_kubeflow.kube.objects import (
     name_of,
     text,
 )
-from dispatch_kubeflow.kube.workloads import is_active, is_admitted
+from dispatch_kubeflow.kube.workloads import eviction_count, is_active, is_admitted
 
 POD_SUCCEEDED = "Succeeded"
 POD_FAILED = "Failed"
@@ -104,9 +106,9 @@ def _workload_causes(workload: Mapping[str, Any] | None) -> Iterator[_Found]:
     if workload is None:
         return
     evicted = condition(workload, WORKLOAD_EVICTED)
-    eviction_reason = (
-        text(evicted.get("reason")) if evicted is not None and is_true(evicted) else ""
-    )
+    # An eviction that a later admission superseded ended an earlier admission: no cause now.
+    current = evicted is not None and is_true(evicted) and not is_admitted(workload)
+    eviction_reason = text(evicted.get("reason")) if evicted is not None and current else ""
     if evicted is not None and eviction_reason:
         cause = reasons.eviction_cause(
             eviction_reason, text(evicted.get("message")), _deactivation_causes(workload)
@@ -308,6 +310,35 @@ def current_pods(pods: Iterable[Mapping[str, Any]], restart_attempt: int) -> lis
     return [dict(p) for p in pods if restart_attempt_of(p) >= restart_attempt]
 
 
+def admission_pods(obs: JobObservation) -> list[Mapping[str, Any]]:
+    """The pods of the job's current admission: those of an earlier one explain nothing now.
+
+    A Kueue eviction suspends the job and its readmission resumes it without raising JobSet's
+    restart attempt, so a pod created before the Workload's latest ``Admitted`` transition ran
+    in an admission that has ended. Only a Workload evicted before is read this way: in a first
+    admission every pod is current, whatever the skew between Kueue's clock and the apiserver's.
+    """
+    start = _admission_start(obs.workload)
+    if start is None:
+        return list(obs.pods)
+    return [p for p in obs.pods if not _created_before(p, start)]
+
+
+def _admission_start(workload: Mapping[str, Any] | None) -> datetime | None:
+    """When the current admission of a once-evicted Workload began; None otherwise."""
+    if workload is None or eviction_count(workload) == 0:
+        return None
+    admitted = condition(workload, WORKLOAD_ADMITTED)
+    if admitted is None or not is_true(admitted):
+        return None
+    return parse_time(admitted.get("lastTransitionTime"))
+
+
+def _created_before(obj: Mapping[str, Any], instant: datetime) -> bool:
+    created = parse_time(dig(obj, "metadata", "creationTimestamp"))
+    return created is not None and created < instant
+
+
 def _restart_attempt(obs: JobObservation) -> int:
     from_pods = max((restart_attempt_of(p) for p in obs.pods), default=0)
     return max(from_pods, as_int(dig(obs.job_set, "status", "restarts")))
@@ -441,7 +472,8 @@ def _state_evidence(obs: JobObservation) -> tuple[str, str, tuple[Evidence, ...]
 def derive(obs: JobObservation, *, loss_taints: frozenset[str]) -> DerivedStatus:
     """The state and cause of one (job, attempt) from everything watched of it."""
     restart = _restart_attempt(obs)
-    pods = current_pods(obs.pods, restart)
+    admitted_pods = admission_pods(obs)
+    pods = current_pods(admitted_pods, restart)
     found: list[_Found] = [
         *_workload_causes(obs.workload),
         *_node_causes(pods, obs.node_taints, loss_taints, obs.deleted_nodes),
@@ -454,7 +486,7 @@ def derive(obs: JobObservation, *, loss_taints: frozenset[str]) -> DerivedStatus
     common: dict[str, Any] = {
         "admitted": admitted,
         "restart_attempt": restart,
-        "result": published_result(pods) or published_result(obs.pods),
+        "result": published_result(pods) or published_result(admitted_pods),
         "eviction": eviction,
         "eviction_token": eviction_token,
     }

@@ -54,6 +54,7 @@ def _trim_metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
         "namespace",
         "uid",
         "resourceVersion",
+        "creationTimestamp",
         "labels",
         "annotations",
         "ownerReferences",
@@ -71,8 +72,15 @@ def trim(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         return {"metadata": _pick(meta, "name", "resourceVersion"), "spec": {"taints": taints}}
     if kind == KIND_POD:
         return {
+            # creationTimestamp: which admission a pod belongs to (derivation.admission_pods).
             "metadata": _pick(
-                meta, "name", "uid", "resourceVersion", "labels", "deletionTimestamp"
+                meta,
+                "name",
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "labels",
+                "deletionTimestamp",
             ),
             "spec": _pick(spec, "nodeName"),
             "status": _pick(
