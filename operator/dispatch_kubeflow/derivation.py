@@ -191,6 +191,7 @@ def _node_causes(
                         node=node,
                         taint_key=taint.key,
                         effect=taint.effect,
+                        time_added=taint.time_added,
                         reason=taint.key,
                         message=f"pod {name_of(pod)} runs on node {node} tainted {taint.key}"
                         f":{taint.effect}",

@@ -35,6 +35,9 @@ class Taint(_Model):
     key: str
     value: str | None = None
     effect: str
+    # When the taint was put on the node (Kubernetes stamps NoExecute taints): a taint removed
+    # and put back is another loss.
+    time_added: str | None = None
 
 
 class Evidence(_Model):
@@ -53,6 +56,7 @@ class Evidence(_Model):
     node: str | None = None
     taint_key: str | None = None
     effect: str | None = None
+    time_added: str | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -31,7 +31,15 @@ from dispatch_kubeflow.constants import (
 )
 from dispatch_kubeflow.events import JobObservation, Taint
 from dispatch_kubeflow.kube.informer import Change
-from dispatch_kubeflow.kube.objects import dig, is_deleting, labels_of, mappings, name_of, uid_of
+from dispatch_kubeflow.kube.objects import (
+    dig,
+    is_deleting,
+    labels_of,
+    mappings,
+    name_of,
+    text,
+    uid_of,
+)
 from dispatch_kubeflow.kube.workloads import owner_trainjob_uids
 from dispatch_kubeflow.settings import Settings
 
@@ -128,7 +136,12 @@ def job_key(obj: Mapping[str, Any]) -> JobKey | None:
 def node_taints(node: Mapping[str, Any]) -> tuple[Taint, ...]:
     """A node's NoExecute taints: the only ones that evict pods, so the only ones that lose one."""
     return tuple(
-        Taint(key=str(t.get("key") or ""), value=t.get("value"), effect=str(t.get("effect")))
+        Taint(
+            key=str(t.get("key") or ""),
+            value=t.get("value"),
+            effect=str(t.get("effect")),
+            time_added=text(t.get("timeAdded")) or None,
+        )
         for t in mappings(dig(node, "spec", "taints"))
         if t.get("effect") == EFFECT_NO_EXECUTE
     )

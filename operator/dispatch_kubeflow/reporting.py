@@ -17,7 +17,8 @@ events, so a consumer that dies in between sees them again: at-least-once, with 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -25,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from dispatch_kubeflow.constants import Cause, EventType, State
-from dispatch_kubeflow.events import DerivedStatus, DispatchEvent
+from dispatch_kubeflow.events import DerivedStatus, DispatchEvent, Evidence
 
 
 class ReportedRecord(BaseModel):
@@ -40,7 +41,11 @@ class ReportedRecord(BaseModel):
     admitted: int = Field(default=-1, alias="a")
     running: int = Field(default=-1, alias="r")
     restarts: int = Field(default=0, alias="ra")
+    # Records written before losses were told apart: "<epoch>/<restart attempt>" of the one
+    # NodeLost reported. Read, never written.
     node_lost: str | None = Field(default=None, alias="n")
+    # The node losses the last NodeLost was about, as digests (``loss_digest``), comma-separated.
+    losses: str | None = Field(default=None, alias="l")
     finished: bool = Field(default=False, alias="f")
     # The phase last reported in and the causes its events carried, as "<phase>:<cause>,...";
     # absent from records written before causes were tracked.
@@ -54,6 +59,15 @@ class ReportedRecord(BaseModel):
             return None
         reported_phase, _, causes = self.causes.partition(":")
         return frozenset(causes.split(",")) if reported_phase == phase else frozenset()
+
+    def losses_reported(self, epoch: int, restart_attempt: int) -> frozenset[str] | None:
+        """Digests of the losses reported last; None for a record from before they were kept
+        whose one NodeLost was of this epoch and restart attempt (what it saw is reported)."""
+        if self.losses is not None:
+            return frozenset(self.losses.split(","))
+        if self.node_lost == f"{epoch}/{restart_attempt}":
+            return None
+        return frozenset()
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_defaults=True)
@@ -131,6 +145,36 @@ def _cause_key(cause: Cause | None) -> str:
     return cause.value if cause is not None else _NO_CAUSE
 
 
+def loss_digest(epoch: int, evidence: Evidence) -> str:
+    """A short name for one node loss: the node (or pod, or Workload) and what said it was lost,
+    the taint's key and the time it was added; a loss in a new admission epoch is a new one."""
+    identity = "|".join(
+        str(part or "")
+        for part in (
+            epoch,
+            evidence.kind,
+            evidence.name,
+            evidence.field,
+            evidence.reason,
+            evidence.taint_key,
+            evidence.time_added,
+        )
+    )
+    return hashlib.blake2b(identity.encode(), digest_size=4).hexdigest()
+
+
+def _losses(status: DerivedStatus, epoch: int) -> dict[str, Evidence]:
+    """The node losses ``status`` shows, by digest; none unless its cause is NodeLost."""
+    if status.cause is not Cause.NODE_LOST:
+        return {}
+    return {loss_digest(epoch, e): e for e in status.evidence}
+
+
+def _new_first(new: Iterable[Evidence], evidence: tuple[Evidence, ...]) -> tuple[Evidence, ...]:
+    first = tuple(new)
+    return (*first, *(e for e in evidence if e not in first))
+
+
 def advance(
     *,
     job: str,
@@ -203,10 +247,25 @@ def advance(
     if status.admitted and status.running and rec.running < epoch:
         events.append(event(EventType.RUNNING))
         updates["running"] = epoch
-    node_lost_key = f"{epoch}/{status.restart_attempt}"
-    if status.cause is Cause.NODE_LOST and rec.node_lost != node_lost_key:
-        events.append(event(EventType.NODE_LOST))
-        updates["node_lost"] = node_lost_key
+    # Each distinct loss once: node A lost and back, then node B lost, is two NodeLost events.
+    losses = _losses(status, epoch)
+    reported_losses = rec.losses_reported(epoch, status.restart_attempt)
+    # None: an older record, whose one NodeLost was about what is seen now (adopted, unreported).
+    known = frozenset(losses) if reported_losses is None else reported_losses
+    new_losses = [e for digest, e in losses.items() if digest not in known]
+    if new_losses or reported_losses is None:
+        updates.update(losses=",".join(sorted(losses)), node_lost=None)
+    if new_losses:
+        evidence = _new_first(new_losses, status.evidence)
+        first = evidence[0]
+        events.append(
+            event(
+                EventType.NODE_LOST,
+                reason=first.reason or "",
+                message=first.message or "",
+                evidence=evidence,
+            )
+        )
     if status.restart_attempt > rec.restarts:
         events.append(event(EventType.RESTARTED))
         updates["restarts"] = status.restart_attempt
@@ -225,7 +284,7 @@ def advance(
         if reported is None and not events:
             # A record written before causes were tracked: its events carried the current cause
             # as far as anyone can tell, so the cause is adopted without a report.
-            return events, rec.model_copy(update={"causes": f"{phase}:{cause}"})
+            return events, rec.model_copy(update={**updates, "causes": f"{phase}:{cause}"})
         reported = reported or frozenset()
         if not events and status.cause in WAITING_CAUSES and cause not in reported:
             events.append(event(_PHASE_EVENTS[phase[-1]]))
