@@ -1,0 +1,131 @@
+"""Issue 12 on the real kube-apiserver: the watch keeps its truth when the cluster misbehaves.
+
+The test plays Trainer, JobSet, Kueue and the kubelet as ``test_watching`` does (its ``World``
+and ``Watcher``), and checks what the supervisor reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dispatch_kubeflow import constants
+from dispatch_kubeflow.constants import Cause, EventType, State
+from tests.integration.test_watching import (
+    Watcher,
+    World,
+    clock,
+    cond,
+    queued_job,
+    running,
+    terminated,
+    ts,
+    watcher,
+    world,
+)
+
+__all__ = ["clock", "watcher", "world"]  # the fixtures this module uses from test_watching
+
+
+def at(type_: str, when: datetime, status: str = "True", reason: str = "", msg: str = "") -> Any:
+    """A condition that changed at ``when``, a real instant (pods' creation times are real)."""
+    return {**cond(type_, status, reason or type_, msg), "lastTransitionTime": ts(when)}
+
+
+async def wait_until_past(instant: datetime) -> None:
+    """The apiserver stamps creationTimestamp in whole seconds of this machine's clock."""
+    remaining = (instant - datetime.now(UTC)).total_seconds()
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+
+
+async def test_item4_a_readmitted_job_failing_with_exit_1_is_program_error(
+    world: World, watcher: Watcher
+) -> None:
+    wl = await queued_job(world, watcher, "readm")
+    admitted_at = datetime.now(UTC).replace(microsecond=0)
+    await world.workload_status(wl, conditions=[at("Admitted", admitted_at)])
+    await watcher.wait_event("readm", EventType.ADMITTED)
+    await world.trainjob_spec("readm", suspend=False)
+    await world.pod("readm", "readm-old")
+    await world.pod_status(
+        "readm-old",
+        phase="Pending",
+        conditions=[cond("PodScheduled", "False", "Unschedulable", "0/3 nodes are available")],
+    )
+    await watcher.wait_for(
+        lambda e: e.job == "readm" and e.cause is Cause.NO_CAPACITY, "NoCapacity while admitted"
+    )
+
+    # Kueue evicts: the job is suspended and its pod deleted; the restart attempt stays 0.
+    evicted_at = datetime.now(UTC).replace(microsecond=0)
+    await world.workload_status(
+        wl,
+        conditions=[
+            at("Admitted", evicted_at, "False", "NoReservation"),
+            at("Evicted", evicted_at, reason="Preempted", msg="Preempted to accommodate"),
+        ],
+    )
+    await watcher.wait_event("readm", EventType.EVICTED)
+    await world.trainjob_spec("readm", suspend=True)
+    old = await world.core.read_namespaced_pod("readm-old", world.ns)
+    await world.core.delete_namespaced_pod("readm-old", world.ns, grace_period_seconds=0)
+
+    # Readmitted a second after the old pod was created (Kueue resets Evicted to False).
+    readmitted_at = old.metadata.creation_timestamp.astimezone(UTC) + timedelta(seconds=1)
+    readmitted_at = max(readmitted_at, evicted_at)
+    await world.workload_status(
+        wl,
+        conditions=[
+            at("Admitted", readmitted_at),
+            at("Evicted", readmitted_at, "False", "QuotaReserved", "Previously: Preempted"),
+        ],
+    )
+    await watcher.wait_until(
+        lambda: watcher.of("readm").count(EventType.ADMITTED) >= 2, "readmission"
+    )
+    await wait_until_past(readmitted_at)
+    await world.trainjob_spec("readm", suspend=False)
+    await world.pod("readm", "readm-new")
+    await world.pod_status("readm-new", phase="Running", containerStatuses=[running()])
+    await watcher.wait_event("readm", EventType.RUNNING)
+    await world.pod_status("readm-new", phase="Failed", containerStatuses=[terminated(1)])
+    await world.trainjob_status("readm", conditions=[cond("Failed", reason="FailedJobs")])
+
+    finished = await watcher.wait_event("readm", EventType.FINISHED)
+    assert (finished.state, finished.cause) == (State.FAILED, Cause.PROGRAM_ERROR)
+    assert [(e.name, e.exit_code) for e in finished.evidence] == [("readm-new", 1)]
+
+
+async def test_item5_node_a_lost_and_back_then_node_b_lost_gives_two_node_lost_events(
+    world: World, watcher: Watcher, namespace: str
+) -> None:
+    node_a, node_b = f"a-{namespace}"[:63], f"b-{namespace}"[:63]
+    await world.node(node_a)
+    await world.node(node_b)
+    await world.trainjob("twice")
+    for name, node in (("twice-a", node_a), ("twice-b", node_b)):
+        await world.pod("twice", name, node=node)
+        await world.pod_status(name, phase="Running", containerStatuses=[running()])
+    await watcher.wait_event("twice", EventType.RUNNING)
+
+    def unreachable(since: datetime) -> dict[str, str]:
+        return {"key": constants.TAINT_UNREACHABLE, "effect": "NoExecute", "timeAdded": ts(since)}
+
+    now = datetime.now(UTC)
+    await world.taint(node_a, unreachable(now))
+    await watcher.wait_event("twice", EventType.NODE_LOST)
+    await world.taint(node_a)  # back
+    await world.taint(node_b, unreachable(now + timedelta(seconds=1)))
+    await watcher.wait_until(
+        lambda: watcher.of("twice").count(EventType.NODE_LOST) == 2, "the second NodeLost"
+    )
+    await watcher.settle(world, "barrier")
+
+    lost = [e for e in watcher.events if e.job == "twice" and e.type is EventType.NODE_LOST]
+    assert [(e.cause, e.evidence[0].node) for e in lost] == [
+        (Cause.NODE_LOST, node_a),
+        (Cause.NODE_LOST, node_b),
+    ]
+    assert watcher.of("twice").count(EventType.NODE_LOST) == 2
