@@ -46,8 +46,8 @@ def is_alive(lease: Lease | None, now: datetime, skew: timedelta = DEFAULT_SKEW)
 class LeaseHeartbeat:
     """Tracks one Lease and reports each change of the gate (open = controller alive) once.
 
-    ``observe`` takes what the watch saw (None when the Lease is gone); ``run_timer`` wakes at
-    the expiry instant. Both go through ``_settle``, which emits only on a change.
+    ``observe`` takes what the watch saw (None when the Lease is gone); ``run_timer`` asks for a
+    ``check`` at the expiry instant. Both go through ``_settle``, which emits only on a change.
     """
 
     def __init__(
