@@ -30,6 +30,10 @@ class NotFoundError(DispatchError):
     """Nothing of the named job exists."""
 
 
+class RuntimeUnsupportedError(UnsupportedError):
+    """The job's runtime cannot carry it: not the adapter's, missing, or against the rules."""
+
+
 class ProbeError(UnsupportedError):
     """The preflight probe found the Trainer API missing, too old, or not usable."""
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dispatch_kubeflow.constants import TRAINER_NODE
-from dispatch_kubeflow.errors import ErrUnsupported
+from dispatch_kubeflow.errors import ErrUnsupported, RuntimeUnsupportedError
 from dispatch_kubeflow.kube.objects import dig, mappings
 from dispatch_kubeflow.settings import RuntimeRef, Settings
 from dispatch_kubeflow.trainjob import publish_init_container
@@ -31,7 +31,7 @@ def check_runtime(runtime: Mapping[str, Any], ref: RuntimeRef, settings: Setting
     """Raise ``ErrUnsupported`` when ``runtime`` (the object ``ref`` names) breaks a rule."""
 
     def refuse(rule: str) -> ErrUnsupported:
-        return ErrUnsupported(f"runtime {describe(ref)} is refused: {rule}")
+        return RuntimeUnsupportedError(f"runtime {describe(ref)} is refused: {rule}")
 
     jobset_spec = dig(runtime, "spec", "template", "spec")
     node_job = _named(dig(jobset_spec, "replicatedJobs"), TRAINER_NODE)

@@ -36,6 +36,7 @@ from dispatch_kubeflow.errors import (
     InvalidError,
     OutcomeUnknownError,
     RefusedError,
+    RuntimeUnsupportedError,
     UnsupportedError,
 )
 from dispatch_kubeflow.gotime import format_duration
@@ -74,7 +75,7 @@ async def start(
     runtime = resolve_runtime(job, settings)
     if settings.runtimes and runtime not in settings.runtimes:
         allowed = ", ".join(describe_runtime(r) for r in settings.runtimes)
-        raise UnsupportedError(
+        raise RuntimeUnsupportedError(
             f"runtime {describe_runtime(runtime)} is not in the adapter's runtimes ({allowed})"
         )
     check_runtime(await read_runtime(scope, runtime), runtime, settings)
@@ -104,7 +105,7 @@ async def read_runtime(scope: Scope, ref: RuntimeRef) -> Obj:
     except REQUEST_ERRORS as error:
         if is_not_found(error):
             where = "" if cluster_wide else f" in namespace {scope.namespace!r}"
-            raise UnsupportedError(
+            raise RuntimeUnsupportedError(
                 f"runtime {describe_runtime(ref)} does not exist{where}; create it or name another"
             ) from None
         raise to_dispatch_error(

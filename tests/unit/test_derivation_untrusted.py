@@ -4,6 +4,7 @@ finished attempt without a cause (issue 12, items 9 and 10)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,7 +18,10 @@ from dispatch_kubeflow.constants import (
     State,
 )
 from dispatch_kubeflow.derivation import derive, published_result
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, RuntimeUnsupportedError
 from dispatch_kubeflow.events import JobObservation
+from dispatch_kubeflow.handlers.jobs import refusal_of
+from dispatch_kubeflow.handlers.status import DispatchJobStatus, refuse_attempt
 
 LOSS = frozenset(BUILTIN_LOSS_TAINTS)
 DEEP = "[" * 2000 + "]" * 2000
@@ -178,3 +182,30 @@ def test_item10_a_deactivated_workload_with_an_unknown_reason_fails_with_a_cause
     )
     assert (status.state, status.cause) == (State.FAILED, Cause.STOPPED)
     assert status.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (ErrInvalid("job spec: numNodes: too small"), Cause.CONFIG_ERROR),
+        (
+            RuntimeUnsupportedError("runtime TrainingRuntime 'x' is refused"),
+            Cause.RUNTIME_UNSUPPORTED,
+        ),
+        (ErrUnsupported("Kueue made no Workload for TrainJob j-1"), Cause.CONFIG_ERROR),
+    ],
+    ids=["invalid job", "unsupported runtime", "other refusal"],
+)
+def test_item10_a_refused_start_fails_with_a_cause(error: Exception, cause: Cause) -> None:
+    assert isinstance(error, ErrInvalid | ErrUnsupported)
+    refusal = refusal_of(error)
+    status = refuse_attempt(
+        DispatchJobStatus(),
+        attempt=1,
+        reason=refusal.reason,
+        message=refusal.message,
+        cause=refusal.cause,
+        generation=1,
+        now=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    assert (status.state, status.cause, status.message) == ("Failed", cause.value, str(error))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dispatch_kubeflow.constants import Cause
 from dispatch_kubeflow.derivation import derive
 from dispatch_kubeflow.events import JobObservation
 from dispatch_kubeflow.handlers.conditions import find_condition
@@ -115,10 +116,12 @@ def test_refused_attempt_is_finished_and_failed_with_the_reason() -> None:
         attempt=1,
         reason="Unsupported",
         message="runtime x",
+        cause=Cause.RUNTIME_UNSUPPORTED,
         generation=1,
         now=T0,
     )
     assert (status.state, status.reason, status.message) == ("Failed", "Unsupported", "runtime x")
+    assert status.cause == "RuntimeUnsupported"
     assert condition_status(status, "Finished") == "True"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import kopf
@@ -22,9 +23,15 @@ from dispatch_kubeflow.constants import (
     GROUP,
     STATUS_REPORTED,
     VERSION,
+    Cause,
     State,
 )
-from dispatch_kubeflow.errors import ErrInvalid, ErrOutcomeUnknown, ErrUnsupported
+from dispatch_kubeflow.errors import (
+    ErrInvalid,
+    ErrOutcomeUnknown,
+    ErrUnsupported,
+    RuntimeUnsupportedError,
+)
 from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry
 from dispatch_kubeflow.handlers.serving import (
@@ -52,6 +59,28 @@ Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why an attempt was not started: the status's reason, message and cause."""
+
+    reason: str
+    message: str
+    cause: Cause
+
+
+def refusal_of(error: ErrInvalid | ErrUnsupported) -> Refusal:
+    """A refused start as the DispatchJob's status shows it: never a failure without a cause.
+
+    A runtime that cannot carry the job is RuntimeUnsupported; anything else refused (an invalid
+    job, a queue or permission the cluster lacks) is a configuration to fix, ConfigError.
+    """
+    if isinstance(error, ErrInvalid):
+        return Refusal(REASON_INVALID_JOB, str(error), Cause.CONFIG_ERROR)
+    if isinstance(error, RuntimeUnsupportedError):
+        return Refusal(REASON_UNSUPPORTED, str(error), Cause.RUNTIME_UNSUPPORTED)
+    return Refusal(REASON_UNSUPPORTED, str(error), Cause.CONFIG_ERROR)
+
+
 def job_spec(name: str, spec: Mapping[str, Any]) -> JobSpec:
     """The library's JobSpec for a DispatchJob; ``ErrInvalid`` names the refused field."""
     runtime = spec.get("runtime")
@@ -76,19 +105,19 @@ async def record_start(
     *,
     attempt: int,
     train_job: str | None,
-    refused: tuple[str, str] | None = None,
+    refused: Refusal | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     async def change(current: dict[str, Any]) -> dict[str, Any]:
         status = DispatchJobStatus.from_wire(current.get("status"))
         generation = current["metadata"].get("generation")
         if refused is not None:
-            reason, message = refused
             after = refuse_attempt(
                 status,
                 attempt=attempt,
-                reason=reason,
-                message=message,
+                reason=refused.reason,
+                message=refused.message,
+                cause=refused.cause,
                 generation=generation,
                 now=clock.now(),
             )
@@ -166,7 +195,7 @@ async def start_attempt(
     try:
         job = job_spec(name, spec)
     except ErrInvalid as error:
-        await _refuse(memo, body, name, namespace, attempt, REASON_INVALID_JOB, str(error))
+        await _refuse(memo, body, name, namespace, attempt, refusal_of(error))
         return
     adapters = adapters_seen(kwargs)
     adapter = await adapter_to_start(memo, adapters, name, namespace, str(spec.get("adapter")))
@@ -175,8 +204,7 @@ async def start_attempt(
     except ErrOutcomeUnknown as error:
         raise kopf.TemporaryError(str(error), delay=RETRY_UNKNOWN) from error
     except (ErrInvalid, ErrUnsupported) as error:
-        reason = REASON_INVALID_JOB if isinstance(error, ErrInvalid) else REASON_UNSUPPORTED
-        await _refuse(memo, body, name, namespace, attempt, reason, str(error))
+        await _refuse(memo, body, name, namespace, attempt, refusal_of(error))
         return
     train_job = trainjob_name(name, attempt)
     logger.info("attempt %s started as TrainJob %s", attempt, train_job)
@@ -184,18 +212,10 @@ async def start_attempt(
 
 
 async def _refuse(
-    memo: kopf.Memo,
-    body: kopf.Body,
-    name: str,
-    namespace: str,
-    attempt: int,
-    reason: str,
-    message: str,
+    memo: kopf.Memo, body: kopf.Body, name: str, namespace: str, attempt: int, refused: Refusal
 ) -> None:
-    await record_start(
-        memo.api, namespace, name, attempt=attempt, train_job=None, refused=(reason, message)
-    )
-    kopf.warn(body, reason=reason, message=message)
+    await record_start(memo.api, namespace, name, attempt=attempt, train_job=None, refused=refused)
+    kopf.warn(body, reason=refused.reason, message=refused.message)
 
 
 @kopf.on.create(GROUP, VERSION, DISPATCH_JOBS)

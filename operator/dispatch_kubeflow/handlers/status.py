@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from dispatch_kubeflow.constants import EventType, JobCondition, State
+from dispatch_kubeflow.constants import Cause, EventType, JobCondition, State
 from dispatch_kubeflow.handlers.conditions import (
     Condition,
     is_reason,
@@ -195,6 +195,7 @@ def refuse_attempt(
     attempt: int,
     reason: str,
     message: str,
+    cause: Cause,
     generation: int | None,
     now: datetime,
 ) -> DispatchJobStatus:
@@ -208,7 +209,7 @@ def refuse_attempt(
         update={
             "attempt": attempt,
             "state": State.FAILED.value,
-            "cause": None,
+            "cause": cause.value,
             "reason": reason,
             "message": message,
             "observed_generation": generation,
