@@ -41,6 +41,9 @@ TRAINJOBS: Final = "trainjobs"
 TRAINING_RUNTIMES: Final = "trainingruntimes"
 CLUSTER_TRAINING_RUNTIMES: Final = "clustertrainingruntimes"
 TRAINER_NODE: Final = "node"  # replicatedJob and container name of the trainer
+# Trainer gives the replicatedJob labelled so ``numNodes`` pods (its "trainer" ancestor step).
+LABEL_TRAINJOB_ANCESTOR: Final = "trainer.kubeflow.org/trainjob-ancestor-step"
+ANCESTOR_TRAINER: Final = "trainer"
 
 # JobSet.
 JOBSET_GROUP: Final = "jobset.x-k8s.io"

@@ -58,7 +58,13 @@ from dispatch_kubeflow.runtimes import describe as describe_runtime
 from dispatch_kubeflow.scope import Scope
 from dispatch_kubeflow.settings import RuntimeRef
 from dispatch_kubeflow.stopping import delete_trainjobs
-from dispatch_kubeflow.trainjob import JobRef, JobSpec, build_trainjob, resolve_runtime
+from dispatch_kubeflow.trainjob import (
+    JobRef,
+    JobSpec,
+    build_trainjob,
+    check_generated_names,
+    resolve_runtime,
+)
 
 Obj = dict[str, Any]
 
@@ -78,7 +84,9 @@ async def start(
         raise RuntimeUnsupportedError(
             f"runtime {describe_runtime(runtime)} is not in the adapter's runtimes ({allowed})"
         )
-    check_runtime(await read_runtime(scope, runtime), runtime, settings)
+    runtime_object = await read_runtime(scope, runtime)
+    check_runtime(runtime_object, runtime, settings)
+    check_generated_names(job, runtime_object)
     body = build_trainjob(
         job, settings, scope.adapter_name, suspend=suspend, extra_labels=extra_labels
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -24,12 +24,14 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from dispatch_kubeflow.constants import (
+    ANCESTOR_TRAINER,
     ANNOTATION_SPEC_HASH,
     LABEL_ADAPTER,
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_PRIORITY_CLASS,
     LABEL_QUEUE_NAME,
+    LABEL_TRAINJOB_ANCESTOR,
     PUBLISH_DIR,
     PUBLISH_INIT_CONTAINER_DEFAULT,
     PUBLISH_VOLUME,
@@ -39,10 +41,13 @@ from dispatch_kubeflow.constants import (
     TRAINER_VERSION,
 )
 from dispatch_kubeflow.errors import ErrInvalid
+from dispatch_kubeflow.kube.objects import as_int, dig, mappings, text
 from dispatch_kubeflow.settings import RuntimeRef, Settings
 from dispatch_kubeflow.settings.names import is_object_name, is_rfc1035_label
 
 MAX_NAME_LENGTH = 63
+# What the five random characters of a pod's name look like to JobSet's webhook.
+JOBSET_POD_SUFFIX = "-abcde"
 CREDENTIAL_VOLUME_PREFIX = "dispatch-credential-"
 # Secret volumes are readable by the owner only: 0o400.
 CREDENTIAL_MODE = 0o400
@@ -148,6 +153,48 @@ def _first_error(error: ValidationError) -> str:
 
 def trainjob_name(job_id: str, attempt: int) -> str:
     return f"{job_id}-{attempt}"
+
+
+def generated_names(job: JobSpec, runtime: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """The longest name of each kind JobSet will give the children of ``job``'s JobSet.
+
+    As JobSet v0.12.0's webhook computes them (it refuses the JobSet when one is not a DNS-1035
+    label): per replicatedJob, the Job ``<jobset>-<replicatedJob>-<replicas - 1>`` and, for an
+    Indexed Job (JobSet's default), the pod ``<job>-<completions - 1>`` plus the five characters
+    of the pod's random suffix. Trainer names the JobSet after the TrainJob and gives every
+    replicatedJob ``completions = parallelism`` (default 1), the trainer step ``numNodes``.
+    """
+    jobset = trainjob_name(job.job_id, job.attempt)
+    for replicated in mappings(dig(runtime, "spec", "template", "spec", "replicatedJobs")):
+        replicas = replicated.get("replicas", 1)
+        job_name = f"{jobset}-{text(replicated.get('name'))}-{as_int(replicas) - 1}"
+        yield f"Job of replicatedJob {text(replicated.get('name'))!r}", job_name
+        spec = dig(replicated, "template", "spec")
+        if dig(spec, "completionMode") not in (None, "Indexed"):
+            continue
+        labels = dig(replicated, "template", "metadata", "labels")
+        if isinstance(labels, Mapping) and labels.get(LABEL_TRAINJOB_ANCESTOR) == ANCESTOR_TRAINER:
+            pods = job.num_nodes
+        else:
+            parallelism = dig(spec, "parallelism")
+            pods = 1 if parallelism is None else as_int(parallelism)
+        pod = f"{job_name}-{pods - 1}{JOBSET_POD_SUFFIX}"
+        yield f"pod of replicatedJob {text(replicated.get('name'))!r}", pod
+
+
+def check_generated_names(job: JobSpec, runtime: Mapping[str, Any]) -> None:
+    """``ErrInvalid`` when a name JobSet would give a child of ``job`` exceeds 63 characters.
+
+    JobSet's webhook refuses such a JobSet, so the job would stay Pending forever.
+    """
+    for what, name in generated_names(job, runtime):
+        if len(name) > MAX_NAME_LENGTH:
+            excess = len(name) - MAX_NAME_LENGTH
+            raise ErrInvalid(
+                f"job spec: jobId {job.job_id!r} is too long for its runtime: the {what} would "
+                f"be named like {name!r}, {len(name)} characters, and JobSet allows at most "
+                f"{MAX_NAME_LENGTH}; shorten jobId by {excess} or more"
+            )
 
 
 def resolve_runtime(job: JobSpec, settings: Settings) -> RuntimeRef:
