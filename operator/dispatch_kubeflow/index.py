@@ -28,6 +28,7 @@ from dispatch_kubeflow.constants import (
     KIND_WORKLOAD,
     LABEL_ATTEMPT,
     LABEL_JOB,
+    LABEL_PROBE,
 )
 from dispatch_kubeflow.events import JobObservation, Taint
 from dispatch_kubeflow.kube.informer import Change
@@ -122,10 +123,13 @@ def trimmer(kind: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
 
 
 def job_key(obj: Mapping[str, Any]) -> JobKey | None:
-    """The (job, attempt) our labels put an object in, if it has both labels."""
+    """The (job, attempt) our labels put an object in, if it has both labels.
+
+    The preflight probe's objects carry them too, but belong to no job.
+    """
     labels = labels_of(obj)
     job, attempt = labels.get(LABEL_JOB), labels.get(LABEL_ATTEMPT)
-    if not job or attempt is None:
+    if not job or attempt is None or LABEL_PROBE in labels:
         return None
     try:
         return str(job), int(attempt)

@@ -39,6 +39,7 @@ from dispatch_kubeflow.constants import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_ADAPTER,
+    LABEL_PROBE,
     MERGE_PATCH,
     TRAINER_GROUP,
     TRAINER_VERSION,
@@ -229,7 +230,8 @@ class Supervisor:
             self._reporter.forget(*key)
 
     def _selector(self) -> str:
-        return f"{LABEL_ADAPTER}={self.adapter_name}"
+        # The preflight probe's TrainJob (and its JobSet and pods) is the adapter's own, not a job.
+        return f"{LABEL_ADAPTER}={self.adapter_name},!{LABEL_PROBE}"
 
     def _informer(self, kind: str, list_fn: ListFn) -> Informer:
         return Informer(
