@@ -129,3 +129,28 @@ async def test_item5_node_a_lost_and_back_then_node_b_lost_gives_two_node_lost_e
         (Cause.NODE_LOST, node_b),
     ]
     assert watcher.of("twice").count(EventType.NODE_LOST) == 2
+
+
+async def test_item2_a_library_consumer_that_dies_after_taking_events_gets_them_again(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """The library's default store commits once the consumer asks for more: a consumer that took
+    an event and died before that gets it again from the next adapter, with the same id."""
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    settings = make_settings(namespace, kueue=False)
+    await world.trainjob("dies")
+    first = Supervisor(kube_api, settings, ADAPTER).events()
+    taken = await asyncio.wait_for(anext(first), 30)
+    assert (taken.job, taken.type) == ("dies", EventType.SUBMITTED)
+    # The consumer "dies" here: it never asks for the next event and never closes the stream
+    # (``first`` is kept referenced, so nothing closes it for it).
+    second = Supervisor(kube_api, settings, ADAPTER).events()
+    try:
+        again = await asyncio.wait_for(anext(second), 30)
+        assert (again.job, again.type, again.id) == ("dies", EventType.SUBMITTED, taken.id)
+        assert again.id == "dies/1/1"
+    finally:
+        await second.aclose()
+        await first.aclose()
