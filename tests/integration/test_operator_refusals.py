@@ -5,27 +5,11 @@ Issue 12, items 10 and 15, through the operator (kopf, in-process) on the real k
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-from kubernetes_asyncio import client
+from tests.integration.test_operator import Scene, operator, scene
 
-from tests.integration.test_operator import Scene, running_operator
-
-
-@pytest.fixture
-async def scene(kube_api: client.ApiClient, namespace: str) -> Scene:
-    scene = Scene(kube_api, namespace)
-    await scene.ensure_runtime()
-    return scene
-
-
-@pytest.fixture
-async def operator(cluster: Any, scene: Scene, tmp_path: Path) -> AsyncIterator[Path]:
-    async with running_operator(cluster.kubeconfig, [scene.namespace], tmp_path / "events.jsonl"):
-        yield tmp_path / "events.jsonl"
+__all__ = ["operator", "scene"]  # fixtures used by the test below, from test_operator
 
 
 async def test_item10_and_item15_refused_starts_fail_with_a_cause(

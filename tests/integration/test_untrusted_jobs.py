@@ -36,18 +36,12 @@ from tests.integration.test_watching import (
     make_settings,
     running,
     terminated,
+    world,
 )
 
+__all__ = ["world"]  # the fixture this module uses from test_watching
+
 DEEP = "[" * 2000 + "]" * 2000
-
-
-@pytest.fixture
-async def world(kube_api: client.ApiClient, namespace: str) -> AsyncIterator[World]:
-    w = World(kube_api, namespace)
-    try:
-        yield w
-    finally:
-        await w.cleanup()
 
 
 @pytest.fixture
