@@ -10,7 +10,7 @@ in pyproject.toml, checked by ``lint-imports``):
 - settings: ``schema``, ``settings``;
 - foundation: ``kube`` (informer, API errors, object readers, Workload predicates, Leases and
   leader election, connections);
-- base: ``clock``, ``gotime``, ``constants``, ``errors``.
+- base: ``clock``, ``gotime``, ``constants``, ``errors``, ``tasks``.
 
 ``publish`` stands alone: it runs in trainer images and imports nothing of the package.
 """

@@ -17,7 +17,6 @@ which stamps ``renewTime``, and ours, which compares against it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from dispatch_kubeflow.clock import Clock
 from dispatch_kubeflow.constants import KIND_LEASE
 from dispatch_kubeflow.events import DispatchEvent, Evidence, heartbeat_event
 from dispatch_kubeflow.kube.leases import Lease
+from dispatch_kubeflow.tasks import cancel_and_wait
 
 DEFAULT_SKEW = timedelta(seconds=2)
 
@@ -140,10 +140,7 @@ class LeaseHeartbeat:
         try:
             await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (waiter, sleeper):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(waiter, sleeper)
         return self._changed.is_set() and not self._expired(instant)
 
     def _expired(self, instant: datetime) -> bool:

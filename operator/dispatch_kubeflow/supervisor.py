@@ -62,6 +62,7 @@ from dispatch_kubeflow.reporting import (
     Transition,
 )
 from dispatch_kubeflow.settings import Settings
+from dispatch_kubeflow.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -355,9 +356,7 @@ class Supervisor:
                         await self._commit(delivered)
                         delivered = None
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
             if delivered is not None:
                 # Closed or cancelled after taking the whole transition: it was delivered.
                 await self._commit_on_close(delivered)

@@ -43,6 +43,7 @@ from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.settings import Settings, parse_settings_object
+from dispatch_kubeflow.tasks import cancel_and_wait
 
 # How the probe's failures read while it raised ErrUnsupported rather than ProbeError.
 PREFLIGHT_PREFIX: Final = "preflight probe: "
@@ -211,17 +212,13 @@ class AdapterSession:
     async def run(self, until: Sequence[asyncio.Event | kopf.DaemonStopped]) -> None:
         """Run this generation until one of ``until`` is set."""
         stop = asyncio.ensure_future(_first_of(until))
+        work = asyncio.ensure_future(self._serve())
         try:
-            work = asyncio.ensure_future(self._serve())
             await asyncio.wait({stop, work}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
         finally:
-            stop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stop
+            await cancel_and_wait(stop, work)
+        if not work.cancelled():
+            work.result()  # the session's own failure, if it ended before being stopped
 
     def adapter_config(self, settings: Settings) -> AdapterConfig:
         """The adapter of this session, reporting into the DispatchJobs' status."""

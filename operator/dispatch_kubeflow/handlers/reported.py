@@ -19,7 +19,6 @@ their commit has succeeded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -45,6 +44,7 @@ from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_conflict, is_not
 from dispatch_kubeflow.kube.informer import Change, Informer, Synced
 from dispatch_kubeflow.kube.objects import dig, resource_version_of
 from dispatch_kubeflow.reporting import ReportedRecord
+from dispatch_kubeflow.tasks import cancel_and_wait
 
 DEFAULT_TIMEOUT: Final = timedelta(seconds=30)
 CONFLICT_RETRIES: Final = 10
@@ -167,9 +167,7 @@ class DispatchJobStatusStore:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     def _ours(self, body: Mapping[str, Any] | None) -> bool:
