@@ -121,8 +121,9 @@ class Adapter:
     async def stop_job(self, job_id: str) -> None:
         """Delete every TrainJob of the job and wait, up to ``timeouts.stopJob``, for all to go."""
         finding.check_job_id(job_id)
-        self.supervisor.note_stopped(job_id)
-        await stopping.stop(self.scope, job_id, self.settings.timeouts.stop_job)
+        await stopping.stop_job(
+            self.scope, self.supervisor, job_id, self.settings.timeouts.stop_job
+        )
 
     async def find(self, job_id: str) -> Found:
         """Everything of the job read back, with state and cause; ``ErrNotFound`` for nothing."""

@@ -6,17 +6,23 @@ by reading back, so ``stop`` repeats ``finding.objects_of`` (quickly at first, t
 quick stop costs few requests) until nothing of the job is left, and past the bound names what
 remains and what holds it. ``start`` deletes through ``delete_trainjobs`` too, when Kueue makes
 no Workload for its TrainJob.
+
+``stop_job`` tells the watch what it is doing, so the job's end is reported truly: the watch may
+call an attempt Stopped only once the deletion is accepted. Before that (``note_stopping``) an
+attempt whose TrainJob is already gone counts as stopped, because the delete is under way; a
+refused delete (``note_stop_refused``) leaves the job as it was, to end as it really ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Protocol
 
 from kubernetes_asyncio import client
 
 from dispatch_kubeflow.constants import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
-from dispatch_kubeflow.errors import OutcomeUnknownError
+from dispatch_kubeflow.errors import DispatchError, OutcomeUnknownError
 from dispatch_kubeflow.finding import objects_of
 from dispatch_kubeflow.gotime import format_duration
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, to_dispatch_error
@@ -28,9 +34,42 @@ FIRST_POLL = 0.05
 LONGEST_POLL = 1.0
 
 
+class StopNotes(Protocol):
+    """What the watch is told of a stop_job (``Supervisor`` implements it)."""
+
+    def note_stopping(self, job: str) -> None: ...
+
+    def note_stop_refused(self, job: str) -> None: ...
+
+    def note_stopped(self, job: str) -> None: ...
+
+
+async def stop_job(scope: Scope, notes: StopNotes, job_id: str, within: timedelta) -> None:
+    """``stop``, telling the watch when the deletion is under way, accepted, or refused.
+
+    A refused delete raises and leaves no mark; a delete whose outcome is unknown (a timeout, a
+    5xx) may still have happened, so what goes after it still counts as stopped.
+    """
+    notes.note_stopping(job_id)
+    try:
+        await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
+    except OutcomeUnknownError:
+        raise
+    except DispatchError:
+        notes.note_stop_refused(job_id)
+        raise
+    notes.note_stopped(job_id)
+    await wait_until_gone(scope, job_id, within)
+
+
 async def stop(scope: Scope, job_id: str, within: timedelta) -> None:
     """Delete the job's TrainJobs; ``ErrOutcomeUnknown`` naming what remains after ``within``."""
     await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
+    await wait_until_gone(scope, job_id, within)
+
+
+async def wait_until_gone(scope: Scope, job_id: str, within: timedelta) -> None:
+    """Read back until nothing of the job is left; past ``within``, name what remains."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within.total_seconds()
     pause = FIRST_POLL

@@ -53,7 +53,7 @@ from dispatch_kubeflow.heartbeat import LeaseHeartbeat
 from dispatch_kubeflow.index import JobIndex, JobKey, job_key, loss_taints_of, trimmer
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, describe, is_not_found
 from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
-from dispatch_kubeflow.kube.objects import annotations_of, name_of, uid_of
+from dispatch_kubeflow.kube.objects import annotations_of, is_deleting, name_of, uid_of
 from dispatch_kubeflow.reporting import (
     ListingReportStore,
     ReportedRecord,
@@ -186,9 +186,11 @@ class Supervisor:
         )
         self._reporter = Reporter(self._store)
         self._loss_taints = loss_taints_of(settings)
-        # job -> UIDs of its TrainJobs when stop_job was called: a TrainJob created later (the
-        # same job id used again) is not stopped.
+        # job -> UIDs of its TrainJobs when stop_job's deletion was accepted: a TrainJob created
+        # later (the same job id used again) is not stopped.
         self._stopped: dict[str, set[str]] = {}
+        # job -> UIDs of its TrainJobs while stop_job's deletion is under way.
+        self._stopping: dict[str, set[str]] = {}
         self._finished: set[JobKey] = set()
         self._failures: dict[JobKey, int] = {}
         self._uids: dict[JobKey, str] = {}
@@ -205,18 +207,37 @@ class Supervisor:
         count = sum(i.requests for i in self.informers)
         return count + int(getattr(self._store, "requests", 0))
 
+    def note_stopping(self, job: str) -> None:
+        """stop_job is deleting ``job``: an attempt whose TrainJob goes meanwhile was stopped."""
+        self._stopping.setdefault(job, set()).update(self._uids_of(job))
+
+    def note_stop_refused(self, job: str) -> None:
+        """The deletion was refused: nothing was stopped, the job ends as it really ends."""
+        self._stopping.pop(job, None)
+
+    def backlog(self) -> int:
+        """Watched changes and timers queued and not yet taken up."""
+        return self._queue.qsize()
+
     def note_stopped(self, job: str) -> None:
-        """stop_job was called for ``job``: its attempts end as Stopped, not Vanished."""
-        uids = {uid for key, uid in self._uids.items() if key[0] == job}
+        """stop_job's deletion was accepted: ``job``'s attempts end as Stopped, not Vanished."""
+        uids = self._stopping.pop(job, set()) | self._uids_of(job)
         self._stopped.setdefault(job, set()).update(uids)
         self._queue.put_nowait(StopNoted(job))
 
+    def _uids_of(self, job: str) -> set[str]:
+        return {uid for key, uid in self._uids.items() if key[0] == job}
+
     def _is_stopped(self, key: JobKey) -> bool:
-        uids = self._stopped.get(key[0])
-        if uids is None:
-            return False
         train_job = self._index.train_jobs.get(key)
-        return train_job is None or uid_of(train_job) in uids
+        stopped = self._stopped.get(key[0])
+        if stopped is not None and (train_job is None or uid_of(train_job) in stopped):
+            return True
+        # A deletion under way stops only what is already going.
+        stopping = self._stopping.get(key[0])
+        if stopping is None:
+            return False
+        return train_job is None or (is_deleting(train_job) and uid_of(train_job) in stopping)
 
     def _note_train_job(self, change: Change) -> None:
         """A TrainJob with a new UID for a known (job, attempt) is a new job: forget the old."""

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, VERSION
@@ -22,6 +20,7 @@ from dispatch_kubeflow.events import DispatchEvent, Evidence
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.handlers.status import STATUS_LIMIT
 from dispatch_kubeflow.reporting import ReportedRecord
+from tests.integration.policies import DenyingPolicy
 from tests.integration.test_operator import (
     ADAPTER,
     Scene,
@@ -55,76 +54,21 @@ async def play_succeeded(scene: Scene, trainjob: str) -> None:
     )
 
 
-class DenyFinished:
-    """A ValidatingAdmissionPolicy (and its binding) that refuses a DispatchJob status update
-    adding a ``Finished`` event, in one namespace."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.api: Any = client.AdmissionregistrationV1Api(api)
-        self.namespace = namespace
-        self.name = f"deny-finished-{secrets.token_hex(3)}"
-
-    async def __aenter__(self) -> DenyFinished:
-        await self.api.create_validating_admission_policy(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": {"name": self.name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {
-                        "resourceRules": [
-                            {
-                                "apiGroups": [GROUP],
-                                "apiVersions": [VERSION],
-                                "operations": ["UPDATE"],
-                                "resources": ["dispatchjobs/status"],
-                            }
-                        ]
-                    },
-                    "validations": [
-                        {
-                            "expression": (
-                                "!has(object.status) || !has(object.status.events) || "
-                                "!object.status.events.exists(e, e.type == 'Finished')"
-                            ),
-                            "message": "Finished events are denied by this test",
-                        }
-                    ],
-                },
-            }
-        )
-        await self.api.create_validating_admission_policy_binding(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": {"name": self.name},
-                "spec": {
-                    "policyName": self.name,
-                    "validationActions": ["Deny"],
-                    "matchResources": {
-                        "namespaceSelector": {
-                            "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
-                        }
-                    },
-                },
-            }
-        )
-        return self
-
-    async def remove(self) -> None:
-        for delete in (
-            self.api.delete_validating_admission_policy_binding,
-            self.api.delete_validating_admission_policy,
-        ):
-            try:
-                await delete(self.name)
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.remove()
+def deny_finished(scene: Scene) -> DenyingPolicy:
+    """A policy that refuses a DispatchJob status update adding a ``Finished`` event."""
+    return DenyingPolicy(
+        scene.api,
+        scene.namespace,
+        group=GROUP,
+        version=VERSION,
+        resources=["dispatchjobs/status"],
+        operations=["UPDATE"],
+        expression=(
+            "!has(object.status) || !has(object.status.events) || "
+            "!object.status.events.exists(e, e.type == 'Finished')"
+        ),
+        message="Finished events are denied by this test",
+    )
 
 
 async def until_denied(scene: Scene, job: str) -> None:
@@ -159,7 +103,7 @@ async def test_item1_a_denied_status_write_loses_no_event(scene: Scene, operator
     await scene.create_job("denied")
     await scene.job_in_state("denied", "Pending")
 
-    async with DenyFinished(scene.api, scene.namespace) as policy:
+    async with deny_finished(scene) as policy:
         await until_denied(scene, "denied")
         await play_succeeded(scene, "denied-1")
 

@@ -10,8 +10,16 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from dispatch_kubeflow import constants
+from dispatch_kubeflow.adapter import Adapter
 from dispatch_kubeflow.constants import Cause, EventType, State
+from dispatch_kubeflow.errors import DispatchError
+from dispatch_kubeflow.trainjob import JobSpec
+from tests.integration.policies import DenyingPolicy
+from tests.integration.test_adapter import adapter, runtime
 from tests.integration.test_watching import (
     Watcher,
     World,
@@ -25,7 +33,7 @@ from tests.integration.test_watching import (
     world,
 )
 
-__all__ = ["clock", "watcher", "world"]  # the fixtures this module uses from test_watching
+__all__ = ["adapter", "clock", "runtime", "watcher", "world"]  # fixtures used from elsewhere
 
 
 def at(type_: str, when: datetime, status: str = "True", reason: str = "", msg: str = "") -> Any:
@@ -154,3 +162,75 @@ async def test_item2_a_library_consumer_that_dies_after_taking_events_gets_them_
     finally:
         await second.aclose()
         await first.aclose()
+
+
+async def test_item7_a_refused_stop_job_reports_nothing_and_the_job_ends_as_it_ends(
+    adapter: Adapter, kube_api: Any, namespace: str, world: World
+) -> None:
+    """stop_job whose delete the apiserver refuses is an error and no event; the job then ends
+    as it really ends (here: Succeeded), not Stopped."""
+    watcher = Watcher(adapter.supervisor).start()
+    try:
+        await adapter.start(JobSpec(job_id="held"))
+        await watcher.wait_event("held", EventType.SUBMITTED)
+        await adapter.start(JobSpec(job_id="settled"))
+        await watcher.wait_event("settled", EventType.SUBMITTED)
+        before = watcher.of("held")
+        async with DenyingPolicy(
+            kube_api,
+            namespace,
+            group=constants.TRAINER_GROUP,
+            version=constants.TRAINER_VERSION,
+            resources=[constants.TRAINJOBS],
+            operations=["DELETE"],
+            expression="false",
+            message="deleting TrainJobs is refused by this test",
+        ) as policy:
+            await until_delete_refused(world, policy)
+            with pytest.raises(DispatchError, match="refused by this test"):
+                await adapter.stop_job("held")
+            await adapter.start(JobSpec(job_id="barrier"))
+            await watcher.wait_event("barrier", EventType.SUBMITTED)
+            assert watcher.of("held") == before  # no Stopped, no event at all
+        await world.trainjob_status("held", conditions=[cond("Complete", reason="JobsCompleted")])
+        finished = await watcher.wait_event("held", EventType.FINISHED)
+        assert (finished.state, finished.cause) == (State.SUCCEEDED, None)
+        assert watcher.of("held") == [*before, EventType.FINISHED]
+    finally:
+        await watcher.stop()
+
+
+async def test_item7_stopped_is_reported_once_the_delete_is_accepted(
+    adapter: Adapter, world: World
+) -> None:
+    watcher = Watcher(adapter.supervisor).start()
+    try:
+        await adapter.start(JobSpec(job_id="ends"))
+        await watcher.wait_event("ends", EventType.SUBMITTED)
+        await adapter.stop_job("ends")
+        finished = await watcher.wait_event("ends", EventType.FINISHED)
+        assert (finished.state, finished.cause) == (State.STOPPED, Cause.STOPPED)
+        await adapter.start(JobSpec(job_id="barrier"))
+        await watcher.wait_event("barrier", EventType.SUBMITTED)
+        assert watcher.of("ends").count(EventType.FINISHED) == 1
+        assert EventType.VANISHED not in watcher.of("ends")
+    finally:
+        await watcher.stop()
+
+
+async def until_delete_refused(world: World, policy: DenyingPolicy) -> None:
+    """Wait until the policy is in force: deleting a TrainJob (dry run) is refused."""
+    await world.trainjob("probe-delete")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while loop.time() < deadline:
+        try:
+            await world.custom.delete_namespaced_custom_object(
+                name="probe-delete-1", dry_run="All", **world._tj
+            )
+        except ApiException as error:
+            if policy.refused(error):
+                return
+            raise
+        await asyncio.sleep(0.2)
+    raise AssertionError("the policy refusing TrainJob deletes was not in force within 30s")
