@@ -27,6 +27,7 @@ import yaml
 
 from dispatch_kubeflow.constants import API_VERSION, KUBEFLOW_ADAPTER_KIND
 from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.metrics import address_argument, serve_metrics
 from dispatch_kubeflow.schema import schema_bytes
 from dispatch_kubeflow.settings import (
     InvalidSettings,
@@ -374,6 +375,12 @@ def add_admission_command(commands: SubParsers) -> None:
         help="seconds between attempts to take or renew the Lease (default 2)",
     )
     parser.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
+    parser.add_argument(
+        "--metrics-address",
+        type=address_argument,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on this address, e.g. 0.0.0.0:9090 (default: off)",
+    )
     parser.set_defaults(handler=run_admission)
 
 
@@ -415,11 +422,15 @@ def run_admission(args: argparse.Namespace) -> int:
     except (OSError, ErrInvalid, ValueError) as exc:
         report(f"{PROG} admission: {args.settings}: {exc}")
         return EXIT_USAGE
+    server = serve_metrics(args.metrics_address) if args.metrics_address else None
     try:
         asyncio.run(_admit_until_signalled(settings, args.identity, timing))
     except ErrUnsupported as exc:
         report(f"{PROG} admission: {exc}")
         return EXIT_REFUSED
+    finally:
+        if server is not None:
+            server.close()
     return EXIT_OK
 
 

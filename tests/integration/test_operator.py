@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import threading
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 import dispatch_kubeflow.handlers  # noqa: F401  (registers the handlers)
 from dispatch_kubeflow.constants import (
@@ -67,11 +69,12 @@ def kubeconfig(path: Path) -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    config: Path, namespaces: list[str], events_file: Path
+    config: Path, namespaces: list[str], events_file: Path, memo: kopf.Memo | None = None
 ) -> AsyncIterator[threading.Thread]:
     """The operator, in a thread with its own event loop, until the block ends (stopped cleanly).
 
-    No ``namespaces`` is every namespace, as the chart runs it (``--all-namespaces``).
+    No ``namespaces`` is every namespace, as the chart runs it (``--all-namespaces``). ``memo``
+    is the operator's memo (``metrics_address`` in it serves the metrics).
 
     A thread rather than a task of the test's loop: when kopf stops, it cancels every task of its
     loop created after it started, which would include pytest's fixture teardown.
@@ -79,6 +82,8 @@ async def running_operator(
     stop = threading.Event()
     ready = threading.Event()
     lines = EventLines(str(events_file))
+    memo = memo if memo is not None else kopf.Memo()
+    memo.event_lines = lines
     with kubeconfig(config):
         thread = threading.Thread(
             target=kopf.run,
@@ -88,7 +93,7 @@ async def running_operator(
                 "namespaces": namespaces,
                 "stop_flag": stop,
                 "ready_flag": ready,
-                "memo": kopf.Memo(event_lines=lines),
+                "memo": memo,
             },
             name="operator",
             daemon=True,
@@ -301,6 +306,24 @@ class Scene:
         return list(listed.items)
 
 
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(memo: kopf.Memo) -> Samples:
+    """The operator's /metrics, parsed by prometheus_client: value by (name, labels)."""
+    url = f"http://127.0.0.1:{memo.metrics_port}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=WAIT).read())
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text.decode())
+        for sample in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
 def event_lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -318,10 +341,18 @@ async def scene(kube_api: client.ApiClient, namespace: str) -> Scene:
 
 
 @pytest.fixture
-async def operator(cluster: Any, scene: Scene, tmp_path: Path) -> AsyncIterator[Path]:
+def operator_memo() -> kopf.Memo:
+    """The memo of the ``operator`` fixture's operator: it serves metrics on a free port."""
+    return kopf.Memo(metrics_address="127.0.0.1:0")
+
+
+@pytest.fixture
+async def operator(
+    cluster: Any, scene: Scene, tmp_path: Path, operator_memo: kopf.Memo
+) -> AsyncIterator[Path]:
     """The operator serving the scene's namespace; yields the file of its event lines."""
     events = tmp_path / "events.jsonl"
-    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events, operator_memo):
         yield events
 
 
@@ -411,7 +442,7 @@ async def test_a_spec_change_restarts_the_adapter_with_the_new_settings(
 
 
 async def test_a_dispatchjob_follows_its_trainjob_to_a_typed_failure(
-    scene: Scene, operator: Path
+    scene: Scene, operator: Path, operator_memo: kopf.Memo
 ) -> None:
     await scene.apply_adapter(scene.adapter_spec())
     await scene.ready_adapter()
@@ -445,6 +476,41 @@ async def test_a_dispatchjob_follows_its_trainjob_to_a_typed_failure(
     await eventually(mirrored, "Kubernetes Events Running and Finished on the DispatchJob")
     lines = [e for e in event_lines(operator) if e.get("job") == "train"]
     assert [e["type"] for e in lines] == types
+
+    # The operator's metrics count this one job: its four events, its finish and its phases.
+    where = {"namespace": scene.namespace, "adapter": ADAPTER}
+
+    def events_of(samples: Samples) -> dict[str, float | None]:
+        return {
+            kind: sample(samples, "dispatch_kubeflow_events_total", **where, type=kind, cause=cause)
+            for kind, cause in (
+                ("Submitted", ""),
+                ("Admitted", ""),
+                ("Running", ""),
+                ("Finished", "Timeout"),
+            )
+        }
+
+    async def counted() -> Samples | None:
+        samples = await scrape(operator_memo)
+        return samples if events_of(samples)["Finished"] == 1 else None
+
+    samples = await eventually(counted, "the Finished event counted in /metrics")
+    assert events_of(samples) == dict.fromkeys(types, 1.0)
+    finishes = {
+        labels: value
+        for (name, labels), value in samples.items()
+        if name == "dispatch_kubeflow_jobs_finished_total"
+        and ("namespace", scene.namespace) in labels
+    }
+    labels = {**where, "state": "Failed", "cause": "Timeout", "runtime": RUNTIME_NAME}
+    assert finishes == {frozenset(labels.items()): 1.0}
+    for phase in ("admission_wait", "startup", "run"):
+        count = f"dispatch_kubeflow_job_{phase}_seconds_count"
+        assert sample(samples, count, namespace=scene.namespace, runtime=RUNTIME_NAME) == 1, phase
+    assert sample(samples, "dispatch_kubeflow_watch_backlog", **where) == 0
+    created = {"verb": "create", "resource": "trainjobs", "code": "201"}
+    assert (sample(samples, "dispatch_kubeflow_api_requests_total", **created) or 0) >= 1
 
 
 async def test_deleting_a_dispatchjob_stops_its_job_and_everything_of_it_goes(

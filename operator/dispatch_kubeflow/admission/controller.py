@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from pydantic import BaseModel, ConfigDict
 
+from dispatch_kubeflow import metrics
 from dispatch_kubeflow.admission.decisions import active_apply_body, decide, workload_apply_body
 from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
 from dispatch_kubeflow.constants import (
@@ -153,14 +154,18 @@ class AdmissionController:
 
     async def lead(self) -> None:
         """The leader's work: decide everything once, then whatever changes."""
-        for informer in (self.checks, self.workloads, self.trainjobs):
-            await informer.synced.wait()
-        self._check_dirty = True
-        self._dirty.update(self._workload_names())
-        while True:
-            self._wake.clear()
-            await self._reconcile_dirty()
-            await self._wake.wait()
+        metrics.LEADER.set(1)
+        try:
+            for informer in (self.checks, self.workloads, self.trainjobs):
+                await informer.synced.wait()
+            self._check_dirty = True
+            self._dirty.update(self._workload_names())
+            while True:
+                self._wake.clear()
+                await self._reconcile_dirty()
+                await self._wake.wait()
+        finally:
+            metrics.LEADER.set(0)
 
     # Watching.
 
@@ -332,6 +337,9 @@ class AdmissionController:
             return
         self.written.append(
             Written(name, uid_of(workload), eviction_count(workload), decision.state)
+        )
+        metrics.admission_decided(
+            uid_of(workload), eviction_count(workload), decision.state, self._clock.now()
         )
         log.info(
             "admission: Workload %s check %s %s (%s)",

@@ -20,6 +20,7 @@ from typing import Any, Final, cast
 import kopf
 from kubernetes_asyncio.client import ApiClient
 
+from dispatch_kubeflow import metrics
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig
 from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
 from dispatch_kubeflow.constants import (
@@ -205,7 +206,9 @@ class AdapterSession:
 
     async def write(self, status: AdapterStatus) -> None:
         async def change(current: dict[str, Any]) -> dict[str, Any]:
-            return status.patch(current.get("status"), self.clock.now())
+            patch = status.patch(current.get("status"), self.clock.now())
+            metrics.adapter_conditions(self.namespace, self.name, patch["conditions"])
+            return patch
 
         await update_status(self.api, KUBEFLOW_ADAPTERS, self.namespace, self.name, change)
 
@@ -229,6 +232,7 @@ class AdapterSession:
             settings.timeouts.request,
             post_event=self.post_event,
             clock=self.clock,
+            default_runtime=settings.runtimes[0].name,
         )
         return AdapterConfig(settings=settings, token=None, adapter_name=self.name, store=store)
 
@@ -287,6 +291,7 @@ class AdapterSession:
         """
         wire = event.model_dump(mode="json", by_alias=True)
         self.event_lines.write({"adapter": self.name, "namespace": served, **wire})
+        metrics.event_reported(served, self.name, wire)
         if event.type is EventType.ADMISSION_HEARTBEAT:
             await self.write(heartbeat_status(event, self.generation))
 
@@ -339,6 +344,7 @@ async def serve_adapter(
         )
         logger.info("serving generation %s", session.generation)
         await session.run(until=(changed, stopped))
+    metrics.adapter_gone(str(namespace), name)
 
 
 def generation_moved_on(body: kopf.Body, memo: Any, **_: Any) -> bool:

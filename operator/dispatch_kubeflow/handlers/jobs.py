@@ -17,6 +17,7 @@ from typing import Any, Final
 import kopf
 from kubernetes_asyncio.client import ApiClient
 
+from dispatch_kubeflow import metrics
 from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
 from dispatch_kubeflow.constants import (
     DISPATCH_JOBS,
@@ -216,6 +217,16 @@ async def _refuse(
 ) -> None:
     await record_start(memo.api, namespace, name, attempt=attempt, train_job=None, refused=refused)
     kopf.warn(body, reason=refused.reason, message=refused.message)
+    spec = body.get("spec") or {}
+    adapter = str(spec.get("adapter"))
+    runtime = metrics.runtime_label(spec.get("runtime"), default_runtime(memo, namespace, adapter))
+    metrics.start_refused(namespace, adapter, runtime, State.FAILED, refused.cause)
+
+
+def default_runtime(memo: kopf.Memo, namespace: str, adapter: str) -> str:
+    """The runtime of a job that names none: the first of its open adapter's ``runtimes``."""
+    found = memo.registry.get(namespace, adapter)
+    return found.settings.runtimes[0].name if found is not None else metrics.UNKNOWN_RUNTIME
 
 
 @kopf.on.create(GROUP, VERSION, DISPATCH_JOBS)

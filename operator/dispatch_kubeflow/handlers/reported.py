@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
+from dispatch_kubeflow import metrics
 from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
 from dispatch_kubeflow.constants import (
     DISPATCH_JOB_KIND,
@@ -119,6 +120,7 @@ class DispatchJobStatusStore:
         *,
         post_event: PostEvent = _ignore,
         clock: Clock = SYSTEM_CLOCK,
+        default_runtime: str = metrics.UNKNOWN_RUNTIME,
     ) -> None:
         self._api = api
         self._namespace = namespace
@@ -126,6 +128,7 @@ class DispatchJobStatusStore:
         self._request_timeout = request_timeout
         self._post_event = post_event
         self._clock = clock
+        self._default_runtime = default_runtime
         self._informer = Informer(
             DISPATCH_JOB_KIND,
             self._list_page,
@@ -221,6 +224,7 @@ class DispatchJobStatusStore:
                 current = await self._read(job)
                 continue
             informer.cache[f"{self._namespace}/{job}"] = written
+            self._observe(written, new)
             for event in new:
                 self._post_event(
                     written, event_kind(event), str(event.get("type")), event_message(event)
@@ -228,6 +232,17 @@ class DispatchJobStatusStore:
             return
         raise UnavailableError(
             f"DispatchJob {job} in {self._namespace}: its status kept changing under the writer"
+        )
+
+    def _observe(self, written: Mapping[str, Any], new: Sequence[Mapping[str, Any]]) -> None:
+        history = dig(written, "status", "events")
+        metrics.job_events_committed(
+            self._namespace,
+            self._adapter,
+            metrics.runtime_label(dig(written, "spec", "runtime"), self._default_runtime),
+            history if isinstance(history, list) else [],
+            new,
+            self._clock.now(),
         )
 
     def _status_patch(

@@ -2,7 +2,8 @@
 
 It is ``kopf run -m dispatch_kubeflow.handlers --standalone`` with the project's defaults: JSON
 logs on stderr, the dispatch events as one JSON line each on the stream chosen with
-``--events-to``, and an optional liveness endpoint. The cluster is found the way kopf finds it:
+``--events-to``, an optional liveness endpoint and optional Prometheus metrics
+(``--metrics-address``). The cluster is found the way kopf finds it:
 the pod's service account, else ``KUBECONFIG`` / ``~/.kube/config`` (or ``--kubeconfig``).
 """
 
@@ -12,6 +13,8 @@ import argparse
 import logging
 import os
 from typing import Final
+
+from dispatch_kubeflow.metrics import address_argument
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
@@ -42,6 +45,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--liveness",
         metavar="URL",
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        type=address_argument,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on this address, e.g. 0.0.0.0:9090 (default: off)",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument(
@@ -81,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(event_lines=EventLines(args.events_to)),
+        memo=kopf.Memo(
+            event_lines=EventLines(args.events_to), metrics_address=args.metrics_address
+        ),
     )
     return 0

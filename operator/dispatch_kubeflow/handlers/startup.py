@@ -3,6 +3,10 @@
 kopf's bookkeeping (progress, the last handled spec, the finalizer) goes under the project's own
 prefix instead of kopf's default, so the objects carry one vendor's annotations. The operator runs
 standalone: one replica (the chart's Deployment is `Recreate`), no peering objects to grant.
+
+The Prometheus metrics are served when an address is given: ``metrics_address`` in the memo
+(``dispatch-kubeflow run --metrics-address``) or ``DISPATCH_KUBEFLOW_METRICS_ADDRESS`` under
+plain ``kopf run``. The served endpoint's port is put back in the memo as ``metrics_port``.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from typing import Any, Final
 
 import kopf
 
+from dispatch_kubeflow import metrics
 from dispatch_kubeflow.constants import FINALIZER, GROUP
 from dispatch_kubeflow.handlers.kube import connection_info, open_api_client
 from dispatch_kubeflow.handlers.registry import EVENTS_TO_ENV, AdapterRegistry, EventLines
 
 DIFFBASE_KEY: Final = "last-handled-configuration"
+METRICS_ADDRESS_ENV: Final = "DISPATCH_KUBEFLOW_METRICS_ADDRESS"
 # A watch request ends server-side before the client gives up on it, so kopf re-watches cleanly.
 WATCH_SERVER_TIMEOUT: Final = 300
 WATCH_CLIENT_TIMEOUT: Final = 330
@@ -48,6 +54,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.event_lines = EventLines(os.environ.get(EVENTS_TO_ENV))
     if "api" not in memo:
         memo.api = await open_api_client()
+    serve_metrics(memo)
+
+
+def serve_metrics(memo: kopf.Memo) -> None:
+    """Serve the metrics, reading the open adapters of this operator, if an address is given."""
+    address = memo.get("metrics_address") or os.environ.get(METRICS_ADDRESS_ENV)
+    if not address or "metrics_server" in memo:
+        return
+    server = metrics.serve_metrics(address)
+    registry: AdapterRegistry = memo.registry
+    memo.metrics_server = server
+    memo.metrics_port = server.port
+    memo.metrics_unwatch = metrics.watch_adapters(lambda: dict(registry.adapters))
 
 
 @kopf.on.login()
@@ -63,6 +82,10 @@ async def release(memo: kopf.Memo, **_: Any) -> None:
     lines = memo.get("event_lines")
     if lines is not None:
         lines.close()
+    server = memo.pop("metrics_server", None)
+    if server is not None:
+        memo.pop("metrics_unwatch")()
+        server.close()
 
 
 @kopf.on.probe(id="adapters")
