@@ -18,7 +18,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, SkipValidation
 
 from dispatch_kubeflow import finding, gate, starting, stopping
-from dispatch_kubeflow.errors import InvalidError
+from dispatch_kubeflow.errors import DispatchError, InvalidError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.finding import AttemptFound, Found
 from dispatch_kubeflow.kube.connection import ApiClientWithTimeouts, connect
@@ -140,6 +140,11 @@ class Adapter:
     def watch(self) -> AsyncGenerator[DispatchEvent, None]:
         """Every dispatch event of this adapter: one watch per kind, each transition once."""
         return self.supervisor.events()
+
+    def watch_problems(self) -> list[DispatchError]:
+        """Why a watched kind cannot be listed (a 403 names the verb and resource); empty if
+        every kind can. Nothing is reported while one cannot, so this says what holds it."""
+        return self.supervisor.watch_problems()
 
 
 def _settings_of(value: Settings | str | bytes) -> Settings:

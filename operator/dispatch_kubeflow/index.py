@@ -12,7 +12,7 @@ judge a node the same way.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +46,13 @@ from dispatch_kubeflow.settings import Settings
 
 JobKey = tuple[str, int]
 Obj = dict[str, Any]
+
+# Pods already deleted are kept as evidence (how a rank ended); a job whose gang restarts many
+# times keeps the newest of them, so the evidence of one job is bounded.
+DELETED_PODS_KEPT = 32
+# Jobs forgotten lately, whose going objects' late changes are ignored rather than starting a
+# new record (the oldest are dropped first: late changes come within seconds).
+FORGOTTEN_KEPT = 4096
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +187,7 @@ class JobIndex:
     keys_by_node: defaultdict[str, set[JobKey]] = field(default_factory=lambda: defaultdict(set))
     # Deleted nodes that pods of a job are bound to (NodeLost for those jobs).
     deleted_nodes: set[str] = field(default_factory=set)
+    forgotten: OrderedDict[JobKey, None] = field(default_factory=OrderedDict)
 
     def job_keys(self) -> set[JobKey]:
         return set(self.train_jobs) | set(self.job_sets) | {k for k, v in self.pods.items() if v}
@@ -195,13 +203,26 @@ class JobIndex:
         }.get(change.kind)
         return handler(change) if handler else set()
 
+    def _after_forgetting(self, key: JobKey, change: Change) -> bool:
+        """False for a change of a forgotten job's object that is going: nothing to learn.
+
+        Anything else of that (job, attempt) is a new job under the same name.
+        """
+        if key not in self.forgotten:
+            return True
+        if change.type == "DELETED" or is_deleting(change.obj):
+            return False
+        del self.forgotten[key]
+        return True
+
     def _train_job(self, change: Change) -> set[JobKey]:
         key = job_key(change.obj)
-        if key is None:
+        if key is None or not self._after_forgetting(key, change):
             return set()
         uid = uid_of(change.obj)
         if change.type == "DELETED":
             self.train_jobs.pop(key, None)
+            self.train_job_keys_by_uid.pop(uid, None)
         else:
             self.train_jobs[key] = change.obj
             if uid:
@@ -210,7 +231,7 @@ class JobIndex:
 
     def _job_set(self, change: Change) -> set[JobKey]:
         key = job_key(change.obj)
-        if key is None:
+        if key is None or not self._after_forgetting(key, change):
             return set()
         if change.type == "DELETED":
             self.job_sets.pop(key, None)
@@ -220,20 +241,31 @@ class JobIndex:
 
     def _pod(self, change: Change) -> set[JobKey]:
         key = job_key(change.obj)
-        if key is None:
+        if key is None or not self._after_forgetting(key, change):
             return set()
         name = name_of(change.obj)
         pod = change.obj
-        if change.type == "DELETED" and not is_deleting(pod):
-            # A deleted pod stays as evidence (a taint-manager deletion says NodeLost); marking
-            # it deleted keeps it out of "running".
-            pod = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleted"}}
-        self.pods[key][name] = pod
+        pods = self.pods[key]
+        if change.type == "DELETED":
+            if not is_deleting(pod):
+                # A deleted pod stays as evidence (a taint-manager deletion says NodeLost);
+                # marking it deleted keeps it out of "running".
+                pod = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleted"}}
+            pods.pop(name, None)  # to the end: the newest deleted pods are the ones kept
+        pods[name] = pod
         self.pod_keys[name] = key
+        if change.type == "DELETED":
+            self._drop_oldest_deleted(pods)
         node = node_of(pod)
         if node:
             self.keys_by_node[node].add(key)
         return {key}
+
+    def _drop_oldest_deleted(self, pods: dict[str, Obj]) -> None:
+        deleted = [name for name, pod in pods.items() if is_deleting(pod)]
+        for name in deleted[: max(0, len(deleted) - DELETED_PODS_KEPT)]:
+            del pods[name]
+            self.pod_keys.pop(name, None)
 
     def _workload(self, change: Change) -> set[JobKey]:
         affected: set[JobKey] = set()
@@ -290,9 +322,29 @@ class JobIndex:
         return all(is_deleting(p) for p in self.pods.get(key, {}).values())
 
     def forget(self, key: JobKey) -> None:
-        """Drop a finished job whose objects are all gone."""
+        """Drop a finished job whose objects are all gone; its late changes are ignored."""
         for pod_name in self.pods.pop(key, {}):
             self.pod_keys.pop(pod_name, None)
-        for keys in self.keys_by_node.values():
-            keys.discard(key)
+        for node in [n for n, keys in self.keys_by_node.items() if key in keys]:
+            self.keys_by_node[node].discard(key)
+            if not self.keys_by_node[node]:
+                del self.keys_by_node[node]
         self.deleted_nodes = {n for n in self.deleted_nodes if self.keys_by_node.get(n)}
+        self.forgotten[key] = None
+        while len(self.forgotten) > FORGOTTEN_KEPT:
+            self.forgotten.popitem(last=False)
+
+    def is_forgotten(self, key: JobKey) -> bool:
+        return key in self.forgotten
+
+    def held(self) -> dict[str, int]:
+        """How many entries each structure holds (the forgotten keys are bounded apart)."""
+        return {
+            "trainJobs": len(self.train_jobs),
+            "trainJobUids": len(self.train_job_keys_by_uid),
+            "jobSets": len(self.job_sets),
+            "pods": sum(len(pods) for pods in self.pods.values()),
+            "podKeys": len(self.pod_keys),
+            "workloads": len(self.workloads_by_owner),
+            "nodesWithJobs": len(self.keys_by_node),
+        }

@@ -384,3 +384,7 @@ class Reporter:
 
     def forget(self, job: str, attempt: int) -> None:
         self._records.pop((job, attempt), None)
+
+    def held(self) -> int:
+        """How many records are kept in memory."""
+        return len(self._records)

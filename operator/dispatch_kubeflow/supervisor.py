@@ -40,6 +40,7 @@ from dispatch_kubeflow.constants import (
     KUEUE_VERSION,
     LABEL_ADAPTER,
     LABEL_PROBE,
+    LEASES,
     MERGE_PATCH,
     TRAINER_GROUP,
     TRAINER_VERSION,
@@ -51,7 +52,12 @@ from dispatch_kubeflow.errors import DispatchError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.heartbeat import LeaseHeartbeat
 from dispatch_kubeflow.index import JobIndex, JobKey, job_key, loss_taints_of, trimmer
-from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, describe, is_not_found
+from dispatch_kubeflow.kube.apierrors import (
+    REQUEST_ERRORS,
+    describe,
+    is_not_found,
+    to_dispatch_error,
+)
 from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
 from dispatch_kubeflow.kube.objects import annotations_of, is_deleting, name_of, uid_of
 from dispatch_kubeflow.reporting import (
@@ -65,6 +71,16 @@ from dispatch_kubeflow.settings import Settings
 from dispatch_kubeflow.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+# The resource each watched kind is listed as, for saying which cannot be.
+RESOURCES: dict[str, str] = {
+    KIND_TRAINJOB: TRAINJOBS,
+    KIND_JOBSET: JOBSETS,
+    KIND_POD: "pods",
+    KIND_NODE: "nodes",
+    KIND_WORKLOAD: WORKLOADS,
+    KIND_LEASE: LEASES,
+}
 
 # Changes applied before the affected jobs are derived, when more keep arriving.
 FLUSH_EVERY = 100
@@ -193,7 +209,8 @@ class Supervisor:
         self._stopping: dict[str, set[str]] = {}
         self._finished: set[JobKey] = set()
         self._failures: dict[JobKey, int] = {}
-        self._uids: dict[JobKey, str] = {}
+        # job -> attempt -> the UID of its TrainJob.
+        self._uids: dict[str, dict[int, str]] = {}
         self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
         self.informers: list[Informer] = []
         self._heartbeat: LeaseHeartbeat | None = None
@@ -206,6 +223,32 @@ class Supervisor:
         """API requests made so far by the informers and the store."""
         count = sum(i.requests for i in self.informers)
         return count + int(getattr(self._store, "requests", 0))
+
+    def watch_problems(self) -> list[DispatchError]:
+        """Why each watched kind whose last LIST failed cannot be listed; empty when all can.
+
+        Until every kind has listed once nothing is derived, so these are what hold the events.
+        """
+        problems: list[DispatchError] = []
+        for informer in self.informers:
+            failure = informer.last_failure
+            if failure is None:
+                continue
+            resource = RESOURCES.get(informer.kind, informer.kind.lower())
+            what = f"cannot list {resource}"
+            problems.append(to_dispatch_error(what, failure, verb="list", resource=resource))
+        return problems
+
+    def held(self) -> dict[str, int]:
+        """How many entries each per-job structure holds: zero once every job is gone."""
+        return {
+            **self._index.held(),
+            "records": self._reporter.held(),
+            "finished": len(self._finished),
+            "failures": len(self._failures),
+            "uids": sum(len(attempts) for attempts in self._uids.values()),
+            "stops": len(self._stopped) + len(self._stopping),
+        }
 
     def note_stopping(self, job: str) -> None:
         """stop_job is deleting ``job``: an attempt whose TrainJob goes meanwhile was stopped."""
@@ -226,7 +269,7 @@ class Supervisor:
         self._queue.put_nowait(StopNoted(job))
 
     def _uids_of(self, job: str) -> set[str]:
-        return {uid for key, uid in self._uids.items() if key[0] == job}
+        return set(self._uids.get(job, {}).values())
 
     def _is_stopped(self, key: JobKey) -> bool:
         train_job = self._index.train_jobs.get(key)
@@ -245,8 +288,9 @@ class Supervisor:
         uid = uid_of(change.obj)
         if key is None or not uid or change.type == "DELETED":
             return
-        previous = self._uids.get(key)
-        self._uids[key] = uid
+        attempts = self._uids.setdefault(key[0], {})
+        previous = attempts.get(key[1])
+        attempts[key[1]] = uid
         if previous is not None and previous != uid:
             self._finished.discard(key)
             self._reporter.forget(*key)
@@ -433,6 +477,8 @@ class Supervisor:
         return transitions
 
     async def _report(self, key: JobKey) -> Transition | None:
+        if self._index.is_forgotten(key):
+            return None
         if key in self._finished:
             self._forget_if_gone(key)
             return None
@@ -487,5 +533,21 @@ class Supervisor:
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, Retry(key))
 
     def _forget_if_gone(self, key: JobKey) -> None:
-        if self._index.all_gone(key):
-            self._index.forget(key)
+        """A finished job whose objects are all gone is forgotten: nothing of it is kept."""
+        if not self._index.all_gone(key):
+            return
+        self._index.forget(key)
+        self._finished.discard(key)
+        self._failures.pop(key, None)
+        self._reporter.forget(*key)
+        job, attempt = key
+        attempts = self._uids.get(job, {})
+        uid = attempts.pop(attempt, None)
+        if attempts:
+            for marks in (self._stopped, self._stopping):
+                if uid is not None and job in marks:
+                    marks[job].discard(uid)
+        else:
+            self._uids.pop(job, None)
+            self._stopped.pop(job, None)
+            self._stopping.pop(job, None)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, VERSION
@@ -21,6 +22,8 @@ from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.handlers.status import STATUS_LIMIT
 from dispatch_kubeflow.reporting import ReportedRecord
 from tests.integration.policies import DenyingPolicy
+from tests.integration.rbac import policy_rule, user_with_rules
+from tests.integration.test_adapter_rbac import CHART_RULES
 from tests.integration.test_operator import (
     ADAPTER,
     Scene,
@@ -28,11 +31,12 @@ from tests.integration.test_operator import (
     event_lines,
     eventually,
     operator,
+    operator_memo,
     running_operator,
     scene,
 )
 
-__all__ = ["operator", "scene"]  # fixtures used by the tests below
+__all__ = ["operator", "operator_memo", "scene"]  # fixtures used by the tests below
 
 T0 = "2026-01-01T00:00:00Z"
 
@@ -281,3 +285,37 @@ async def test_item14_the_status_stays_bounded_whatever_the_job_reports(scene: S
     # 50 events of this size would be over the limit: the oldest went, and the status says so.
     assert len(status["events"]) < 50
     assert "oldest events were dropped" in status["truncated"]
+
+
+async def test_item11_item12_a_kind_the_adapter_cannot_list_is_named_on_its_status(
+    cluster: Any, kube_api: client.ApiClient, scene: Scene, operator: Path
+) -> None:
+    """An adapter whose identity may not list nodes opens (its probe needs none), then says
+    within 30 s which kind it cannot list and the refused verb and resource; once allowed, it
+    is Ready again."""
+    rules = [rule for rule in CHART_RULES if "nodes" not in rule["resources"]]
+    async with user_with_rules(cluster, kube_api, rules, "no-nodes") as kubeconfig:
+        spec = scene.adapter_spec(cluster={"kubeconfig": str(kubeconfig)})
+        await scene.apply_adapter(spec)
+
+        async def ready_is(status: str, reason: str) -> dict[str, Any] | None:
+            ready = condition(await scene.adapter(), "Ready")
+            if ready and (ready["status"], ready["reason"]) == (status, reason):
+                return ready
+            return None
+
+        blocked = await eventually(
+            lambda: ready_is("False", "ForbiddenListNodes"), "Ready=False naming nodes", 30
+        )
+        assert "cannot list nodes" in blocked["message"]
+        assert "forbidden" in blocked["message"]
+
+        # user_with_rules names the user's ClusterRole after the user, its kubeconfig too.
+        rbac: Any = client.RbacAuthorizationV1Api(kube_api)
+        role = await rbac.read_cluster_role(kubeconfig.stem)
+        nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
+        role.rules.append(policy_rule(nodes))
+        await rbac.replace_cluster_role(role.metadata.name, role)
+        await eventually(
+            lambda: ready_is("True", "Watching"), "Ready=True once nodes can be listed", 60
+        )

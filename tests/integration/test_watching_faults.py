@@ -20,6 +20,7 @@ from dispatch_kubeflow.errors import DispatchError
 from dispatch_kubeflow.trainjob import JobSpec
 from tests.integration.policies import DenyingPolicy
 from tests.integration.test_adapter import adapter, runtime
+from tests.integration.test_operator import eventually
 from tests.integration.test_watching import (
     Watcher,
     World,
@@ -234,3 +235,33 @@ async def until_delete_refused(world: World, policy: DenyingPolicy) -> None:
             raise
         await asyncio.sleep(0.2)
     raise AssertionError("the policy refusing TrainJob deletes was not in force within 30s")
+
+
+async def test_item13_a_finished_job_whose_objects_are_gone_is_forgotten(
+    world: World, watcher: Watcher
+) -> None:
+    """Nothing of a finished, deleted job stays in memory; its id used again is a new job."""
+    jobs = ["done0", "done1", "stopped"]
+    for job in jobs:
+        await world.trainjob(job)
+        await world.pod(job, f"{job}-p0")
+    for job in jobs[:2]:
+        await world.pod_status(f"{job}-p0", phase="Succeeded", containerStatuses=[terminated(0)])
+        await world.trainjob_status(job, conditions=[cond("Complete", reason="JobsCompleted")])
+        await watcher.wait_event(job, EventType.FINISHED)
+    watcher.supervisor.note_stopping("stopped")
+    watcher.supervisor.note_stopped("stopped")
+    for job in jobs:
+        await world.delete_trainjob(job)
+        await world.core.delete_namespaced_pod(f"{job}-p0", world.ns)
+    await watcher.wait_event("stopped", EventType.FINISHED)
+
+    async def emptied() -> bool:
+        return not any(watcher.supervisor.held().values())
+
+    await eventually(emptied, "the supervisor to keep nothing of finished, deleted jobs")
+
+    await world.trainjob("done0")
+    await watcher.wait_until(
+        lambda: watcher.of("done0").count(EventType.SUBMITTED) == 2, "done0 submitted again"
+    )

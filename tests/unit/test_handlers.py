@@ -12,9 +12,10 @@ import pytest
 
 from dispatch_kubeflow.cli import build_parser
 from dispatch_kubeflow.constants import FINALIZER, GROUP
-from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, ProbeError
+from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, ForbiddenError, ProbeError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.handlers.adapters import (
+    forbidden_reason,
     heartbeat_status,
     invalid_status,
     notice_spec_change,
@@ -22,6 +23,7 @@ from dispatch_kubeflow.handlers.adapters import (
     opening_status,
     parse_spec,
     ready_status,
+    watch_blocked_status,
 )
 from dispatch_kubeflow.handlers.jobs import job_spec
 from dispatch_kubeflow.handlers.reported import event_kind, event_message
@@ -111,6 +113,50 @@ def test_an_unreachable_cluster_is_not_connected() -> None:
     conditions = by_type(open_failed_status(OSError("connection refused"), 1).patch(None, NOW))
     assert conditions["Connected"] == ("False", "ConnectionFailed")
     assert conditions["Probed"][0] == "Unknown"
+
+
+def forbidden(verb: str, resource: str) -> ForbiddenError:
+    return ForbiddenError(f"{verb} {resource}: forbidden: no", verb=verb, resource=resource)
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "reason"),
+    [
+        ("list", "nodes", "ForbiddenListNodes"),
+        ("deletecollection", "trainjobs", "ForbiddenDeletecollectionTrainjobs"),
+        ("patch", "dispatchjobs/status", "ForbiddenPatchDispatchjobsStatus"),
+    ],
+)
+def test_a_forbidden_reason_names_the_verb_and_resource(
+    verb: str, resource: str, reason: str
+) -> None:
+    assert forbidden_reason(forbidden(verb, resource)) == reason
+
+
+def test_a_probe_refused_by_rbac_says_which_verb_and_resource() -> None:
+    try:
+        raise ProbeError("preflight probe: deleting TrainJobs: forbidden") from forbidden(
+            "deletecollection", "trainjobs"
+        )
+    except ProbeError as error:
+        conditions = by_type(open_failed_status(error, 1).patch(None, NOW))
+    assert conditions["Connected"] == ("True", "Connected")
+    assert conditions["Probed"] == ("False", "ForbiddenDeletecollectionTrainjobs")
+    assert conditions["Ready"] == ("False", "ForbiddenDeletecollectionTrainjobs")
+
+
+def test_a_watch_that_cannot_list_a_kind_is_not_ready_and_says_which() -> None:
+    problems = [forbidden("list", "nodes"), ErrUnsupported("cannot list pods: the apiserver 500")]
+    patch = watch_blocked_status(problems, 1).patch(None, NOW)
+    assert by_type(patch)["Ready"] == ("False", "ForbiddenListNodes")
+    message = patch["conditions"][0]["message"]
+    assert "list nodes" in message
+    assert "cannot list pods" in message
+
+
+def test_a_watch_blocked_without_a_403_is_cannot_list() -> None:
+    patch = watch_blocked_status([ErrUnsupported("cannot list pods: 500")], 1).patch(None, NOW)
+    assert by_type(patch)["Ready"] == ("False", "CannotList")
 
 
 def test_ready_keeps_valid_and_a_plain_adapter_drops_a_stale_admission_condition() -> None:

@@ -17,7 +17,14 @@ from dispatch_kubeflow.constants import (
     TAINT_UNREACHABLE,
 )
 from dispatch_kubeflow.events import Taint
-from dispatch_kubeflow.index import JobIndex, loss_taints_of, node_taints, trim
+from dispatch_kubeflow.index import (
+    DELETED_PODS_KEPT,
+    FORGOTTEN_KEPT,
+    JobIndex,
+    loss_taints_of,
+    node_taints,
+    trim,
+)
 from dispatch_kubeflow.kube.informer import Change
 from dispatch_kubeflow.settings import RuntimeRef, Settings
 
@@ -150,3 +157,55 @@ def test_loss_taints_are_kubernetes_own_and_the_adapters() -> None:
         node_loss_taints=("example.com/spot-reclaim",),
     )
     assert loss_taints_of(settings) == {*BUILTIN_LOSS_TAINTS, "example.com/spot-reclaim"}
+
+
+def pod(name: str, job: str = "j", *, node: str = "n1", deleting: bool = False) -> dict[str, Any]:
+    body = obj(name, "1", job=job)
+    body["spec"] = {"nodeName": node}
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return body
+
+
+def test_the_deleted_pods_kept_of_a_job_are_the_newest_and_bounded() -> None:
+    index = JobIndex()
+    index.apply(Change(KIND_POD, "ADDED", pod("live")))
+    for n in range(DELETED_PODS_KEPT + 10):
+        index.apply(Change(KIND_POD, "DELETED", pod(f"gone-{n}")))
+    kept = [p["metadata"]["name"] for p in index.observation(("j", 1), stopped=False).pods]
+    newest = [f"gone-{n}" for n in range(10, DELETED_PODS_KEPT + 10)]
+    assert sorted(kept) == sorted(["live", *newest])
+    assert set(index.pod_keys) == {"live", *newest}
+
+
+def test_a_forgotten_job_keeps_nothing_and_ignores_its_objects_going() -> None:
+    index = JobIndex()
+    tj = obj("j-1", "1")
+    tj["metadata"]["uid"] = "u1"
+    index.apply(Change(KIND_TRAINJOB, "ADDED", tj))
+    index.apply(Change(KIND_POD, "ADDED", pod("p")))
+    index.apply(Change(KIND_TRAINJOB, "DELETED", tj))
+    index.apply(Change(KIND_POD, "MODIFIED", pod("p", deleting=True)))
+    assert index.all_gone(("j", 1))
+    index.forget(("j", 1))
+    # The pod's own DELETED comes after: nothing of the job is brought back.
+    assert index.apply(Change(KIND_POD, "DELETED", pod("p", deleting=True))) == set()
+    assert index.job_keys() == set()
+    assert (index.pods, index.pod_keys, index.train_jobs) == ({}, {}, {})
+    assert (index.train_job_keys_by_uid, dict(index.keys_by_node)) == ({}, {})
+
+
+def test_a_new_object_of_a_forgotten_job_is_a_new_job() -> None:
+    index = JobIndex()
+    index.forget(("j", 1))
+    assert index.apply(Change(KIND_TRAINJOB, "ADDED", obj("j-1", "5"))) == {("j", 1)}
+    assert not index.is_forgotten(("j", 1))
+
+
+def test_the_forgotten_jobs_remembered_are_bounded() -> None:
+    index = JobIndex()
+    for n in range(FORGOTTEN_KEPT + 5):
+        index.forget((f"j{n}", 1))
+    assert len(index.forgotten) == FORGOTTEN_KEPT
+    assert not index.is_forgotten(("j0", 1))
+    assert index.is_forgotten((f"j{FORGOTTEN_KEPT + 4}", 1))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 import kopf
@@ -31,7 +32,13 @@ from dispatch_kubeflow.constants import (
     AdapterCondition,
     EventType,
 )
-from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, ProbeError
+from dispatch_kubeflow.errors import (
+    DispatchError,
+    ErrInvalid,
+    ErrUnsupported,
+    ForbiddenError,
+    ProbeError,
+)
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.gotime import format_duration
 from dispatch_kubeflow.handlers.conditions import (
@@ -51,6 +58,8 @@ PREFLIGHT_PREFIX: Final = "preflight probe: "
 RETRY_FIRST: Final = 5.0
 RETRY_MAX: Final = 300.0
 CANCELLATION_TIMEOUT: Final = 30.0
+# How often a serving session looks at whether every watched kind can be listed.
+WATCH_HEALTH_PERIOD: Final = timedelta(seconds=5)
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 Opener = Callable[[AdapterConfig], Awaitable[Adapter]]
@@ -149,18 +158,49 @@ def is_probe_failure(error: Exception) -> bool:
     return isinstance(error, ErrUnsupported) and str(error).startswith(PREFLIGHT_PREFIX)
 
 
+def forbidden_in(error: BaseException | None) -> ForbiddenError | None:
+    """The 403 behind ``error`` (itself, or what it was raised from), if there is one."""
+    while error is not None:
+        if isinstance(error, ForbiddenError):
+            return error
+        error = error.__cause__
+    return None
+
+
+def forbidden_reason(error: ForbiddenError) -> str:
+    """A condition reason naming the refused verb and resource: ``ForbiddenListNodes``."""
+    words = [error.verb, *re.split(r"[^A-Za-z0-9]+", error.resource)]
+    return "Forbidden" + "".join(word.capitalize() for word in words if word)
+
+
 def open_failed_status(error: Exception, generation: int | None) -> AdapterStatus:
     message = str(error) or type(error).__name__
     status = AdapterStatus(generation)
+    forbidden = forbidden_in(error)
     if is_probe_failure(error):
+        reason = forbidden_reason(forbidden) if forbidden else "ProbeFailed"
         status.condition(AdapterCondition.CONNECTED, "True", "Connected", "the apiserver answered")
-        status.condition(AdapterCondition.PROBED, "False", "ProbeFailed", message)
-        status.condition(AdapterCondition.READY, "False", "ProbeFailed", message)
+        status.condition(AdapterCondition.PROBED, "False", reason, message)
+        status.condition(AdapterCondition.READY, "False", reason, message)
     else:
         reason = "Unsupported" if isinstance(error, ErrUnsupported) else "ConnectionFailed"
+        if forbidden:
+            reason = forbidden_reason(forbidden)
         status.condition(AdapterCondition.CONNECTED, "False", reason, message)
         status.condition(AdapterCondition.PROBED, "Unknown", reason, "not probed")
         status.condition(AdapterCondition.READY, "False", reason, message)
+    return status
+
+
+def watch_blocked_status(
+    problems: Sequence[DispatchError], generation: int | None
+) -> AdapterStatus:
+    """Ready=False while a watched kind cannot be listed: no event is derived until it can."""
+    forbidden = forbidden_in(problems[0])
+    reason = forbidden_reason(forbidden) if forbidden else "CannotList"
+    message = "; ".join(str(p) for p in problems) + " (no events until every kind is listed)"
+    status = AdapterStatus(generation)
+    status.condition(AdapterCondition.READY, "False", reason, message)
     return status
 
 
@@ -269,6 +309,7 @@ class AdapterSession:
 
     async def _watch(self, adapter: Adapter, settings: Settings) -> None:
         await self.registry.publish(settings.namespace, self.name, adapter)
+        health = asyncio.ensure_future(self._watch_health(adapter))
         try:
             await self.write(ready_status(self.generation))
             async for event in adapter.watch():
@@ -280,9 +321,26 @@ class AdapterSession:
             self.logger.warning("the adapter's watch failed: %s", error)
             await self.write(watch_failed_status(error, self.generation))
         finally:
+            await cancel_and_wait(health)
             await self.registry.withdraw(settings.namespace, self.name, adapter)
             with contextlib.suppress(Exception):
                 await adapter.close()
+
+    async def _watch_health(self, adapter: Adapter) -> None:
+        """Every ``WATCH_HEALTH_PERIOD``: Ready=False naming the kinds that cannot be listed,
+        and Ready=True again once every kind can."""
+        shown: list[str] = []
+        while True:
+            await self.clock.sleep_until(self.clock.now() + WATCH_HEALTH_PERIOD)
+            problems = adapter.watch_problems()
+            now_shown = [str(p) for p in problems]
+            if now_shown == shown:
+                continue
+            if problems:
+                await self.write(watch_blocked_status(problems, self.generation))
+            else:
+                await self.write(ready_status(self.generation))
+            shown = now_shown
 
     async def _route(self, event: DispatchEvent, served: str) -> None:
         """Write the event's line; a heartbeat also moves the adapter's AdmissionHealthy.
