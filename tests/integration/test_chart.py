@@ -319,3 +319,86 @@ def test_the_deployment_runs_the_built_image_by_digest_as_the_image_test_runs_it
     assert "--security-opt=no-new-privileges" in arguments
     assert [a for a in arguments if a.startswith("--tmpfs")] == ["--tmpfs=/tmp:rw,mode=1777"]
     assert podman_run.liveness_port(container) == 8080
+
+
+def test_metrics_are_served_behind_a_service_with_an_optional_monitor_and_dashboard(
+    helm: Path,
+) -> None:
+    spec = {
+        "namespace": "team-a",
+        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
+        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
+    }
+    admission = [
+        "--set",
+        "admission.enabled=true",
+        "--set-json",
+        f"adapter.spec={json.dumps(spec)}",
+    ]
+    docs = render(helm, *admission)
+    assert not [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert not [
+        d for d in docs if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
+    ]
+    deployments = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+    services = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] == "Service"
+    }
+    assert set(services) == {"operator", "admission"}
+    for component, deployment in deployments.items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "--metrics-address=0.0.0.0:9090" in container["args"]
+        assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+        service = services[component]["spec"]
+        assert service["ports"] == [
+            {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+        ]
+        pods = deployment["spec"]["template"]["metadata"]["labels"]
+        assert all(pods.get(key) == value for key, value in service["selector"].items())
+        assert (
+            services[component]["metadata"]["labels"]["dispatch.phpboyscout.uk/metrics"] == "true"
+        )
+
+    enabled = [
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.labels.release=prom",
+        "--set",
+        "metrics.dashboard.enabled=true",
+    ]
+    run_helm(helm, "lint", "--strict", str(CHART), *admission, *enabled)
+    monitored = render(helm, *admission, *enabled)
+    monitor = one(monitored, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    selected = [
+        d
+        for d in monitored
+        if d["kind"] == "Service"
+        and all(
+            d["metadata"]["labels"].get(k) == v
+            for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+        )
+    ]
+    assert len(selected) == 2
+    (dashboard,) = [
+        d for d in monitored if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
+    ]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(dashboard["data"]["dispatch-kubeflow.json"])
+    assert shipped == json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+
+    off = render(helm, "--set", "metrics.enabled=false")
+    (container,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in container["args"] if a.startswith("--metrics-address")]
+    assert not [d for d in off if d["kind"] == "Service"]
