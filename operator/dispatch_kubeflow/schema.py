@@ -562,10 +562,11 @@ def spec_schema() -> Schema:
     return structural(_inline_refs(full, full["$defs"]))
 
 
-def condition_schema(types: Sequence[str]) -> Schema:
-    """metav1.Condition, as a list of them keyed by type."""
+def condition_schema(types: Sequence[str], described: str) -> Schema:
+    """metav1.Condition, as a list of them keyed by type; ``described`` says what they tell."""
     return {
         "type": "array",
+        "description": described,
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
         "items": {
@@ -573,11 +574,32 @@ def condition_schema(types: Sequence[str]) -> Schema:
             "required": ["type", "status", "reason", "message", "lastTransitionTime"],
             "properties": {
                 "type": {"type": "string", "description": f"One of {', '.join(types)}."},
-                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                "reason": {"type": "string", "maxLength": 1024},
-                "message": {"type": "string", "maxLength": 32768},
-                "lastTransitionTime": {"type": "string", "format": "date-time"},
-                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+                "status": {
+                    "type": "string",
+                    "description": "Whether the condition holds: True, False or Unknown.",
+                    "enum": ["True", "False", "Unknown"],
+                },
+                "reason": {
+                    "type": "string",
+                    "description": "Why the condition is as it is, one CamelCase word.",
+                    "maxLength": 1024,
+                },
+                "message": {
+                    "type": "string",
+                    "description": "The reason in words, for people.",
+                    "maxLength": 32768,
+                },
+                "lastTransitionTime": {
+                    "type": "string",
+                    "description": "When the status last changed (not when it was last written).",
+                    "format": "date-time",
+                },
+                "observedGeneration": {
+                    "type": "integer",
+                    "description": "The metadata.generation the condition was set for.",
+                    "format": "int64",
+                    "minimum": 0,
+                },
             },
         },
     }
@@ -585,25 +607,70 @@ def condition_schema(types: Sequence[str]) -> Schema:
 
 def kopf_status_schema() -> Schema:
     """``status.kopf``: kopf's own progress records, whose shape belongs to kopf."""
-    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "type": "object",
+        "description": "The operator framework's (kopf's) own bookkeeping; not for users.",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+
+
+OBSERVED_GENERATION: Final = {
+    "type": "integer",
+    "description": "The metadata.generation the status was written for.",
+    "format": "int64",
+}
 
 
 def adapter_status_schema() -> Schema:
     return {
         "type": "object",
+        "description": "What the operator made of the spec: validity, connection, probe, health.",
         "properties": {
-            "conditions": condition_schema([c.value for c in AdapterCondition]),
-            "mode": {"type": "string", "enum": ["plain", "kueue"]},
-            "readmissionGate": {"type": "string", "enum": ["yes", "no"]},
+            "conditions": condition_schema(
+                [c.value for c in AdapterCondition],
+                "Valid (the spec parsed), Connected (the apiserver answered), Probed (the "
+                "preflight probe passed), AdmissionHealthy (Kueue mode: the admission "
+                "controller's Lease is fresh) and Ready (open and watching).",
+            ),
+            "mode": {
+                "type": "string",
+                "description": "plain, or kueue when the spec sets kueue (jobs queue in Kueue).",
+                "enum": ["plain", "kueue"],
+            },
+            "readmissionGate": {
+                "type": "string",
+                "description": (
+                    "yes when kueue.admissionCheck is set: an evicted job is readmitted only "
+                    "once dispatch opens its gate; no when the adapter only observes."
+                ),
+                "enum": ["yes", "no"],
+            },
             "declarations": {
                 "type": "object",
+                "description": "What this adapter promises about how it sees failures.",
                 "properties": {
-                    "nodeLossWindow": {"type": "string"},
-                    "callBound": {"type": "string"},
-                    "polledLoss": {"type": "array", "items": {"type": "string"}},
+                    "nodeLossWindow": {
+                        "type": "string",
+                        "description": "A lost node is reported within this Go duration.",
+                    },
+                    "callBound": {
+                        "type": "string",
+                        "description": (
+                            "Every API call ends within this Go duration "
+                            "(timeouts.apiserverRequest + 5s)."
+                        ),
+                    },
+                    "polledLoss": {
+                        "type": "array",
+                        "description": (
+                            "Kinds of loss seen by polling rather than by a watch; empty, "
+                            "because the adapter watches."
+                        ),
+                        "items": {"type": "string"},
+                    },
                 },
             },
-            "observedGeneration": {"type": "integer", "format": "int64"},
+            "observedGeneration": OBSERVED_GENERATION,
             "kopf": kopf_status_schema(),
         },
     }
@@ -616,7 +683,7 @@ def render_crd(
     short_names: Sequence[str],
     spec: Schema,
     status: Schema,
-    printer_columns: Sequence[Mapping[str, str]],
+    printer_columns: Sequence[Mapping[str, Any]],
     description: str,
     group: str = GROUP,
     version: str = VERSION,
@@ -650,9 +717,15 @@ def render_crd(
                             "description": description,
                             "required": ["spec"],
                             "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "apiVersion": {
+                                    "type": "string",
+                                    "description": f"{group}/{version}.",
+                                },
+                                "kind": {"type": "string", "description": f"{kind}."},
+                                "metadata": {
+                                    "type": "object",
+                                    "description": "Standard object metadata.",
+                                },
                                 "spec": spec,
                                 "status": status,
                             },
@@ -664,7 +737,23 @@ def render_crd(
     }
 
 
-AGE_COLUMN: Final = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+AGE_COLUMN: Final = {
+    "name": "Age",
+    "type": "date",
+    "description": "Time since the resource was created.",
+    "jsonPath": ".metadata.creationTimestamp",
+}
+# Columns of ``kubectl get -o wide`` only.
+WIDE: Final = 1
+
+
+def condition_column(kind: str, description: str, priority: int = 0) -> dict[str, Any]:
+    """A printer column showing the status of condition ``kind``."""
+    column: dict[str, Any] = {"name": str(kind), "type": "string", "description": description}
+    if priority:
+        column["priority"] = priority
+    column["jsonPath"] = f'.status.conditions[?(@.type=="{kind}")].status'
+    return column
 
 
 def kubeflow_adapter_crd() -> Schema:
@@ -675,12 +764,18 @@ def kubeflow_adapter_crd() -> Schema:
         spec=spec_schema(),
         status=adapter_status_schema(),
         printer_columns=(
-            {"name": "Mode", "type": "string", "jsonPath": ".status.mode"},
             {
-                "name": "Ready",
+                "name": "Mode",
                 "type": "string",
-                "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+                "description": "plain or kueue.",
+                "jsonPath": ".status.mode",
             },
+            condition_column(AdapterCondition.READY, "Open and watching the served namespace."),
+            condition_column(
+                AdapterCondition.ADMISSION_HEALTHY,
+                "Kueue mode: the admission controller's Lease heartbeat is fresh.",
+                WIDE,
+            ),
             AGE_COLUMN,
         ),
         description="An adapter instance: its spec is the settings object, exactly.",

@@ -1,14 +1,17 @@
-"""The DispatchJob CRD and the chart's copies of generated files are never stale."""
+"""The CRDs: never stale in the chart, described field by field, with the printer columns."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 
+from dispatch_kubeflow import schema
 from dispatch_kubeflow.handlers import crds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,15 +39,59 @@ def test_chart_example_runtime_is_the_examples_runtime() -> None:
     assert (CHART / "files" / "example-runtime.yaml").read_bytes() == source.read_bytes()
 
 
+def columns(crd: dict[str, Any]) -> dict[str, list[str]]:
+    """The printer columns of ``kubectl get`` and of ``kubectl get -o wide`` only."""
+    (version,) = crd["spec"]["versions"]
+    shown: dict[str, list[str]] = {"get": [], "wide": []}
+    for column in version["additionalPrinterColumns"]:
+        shown["wide" if column.get("priority", 0) > 0 else "get"].append(column["name"])
+        assert column["description"], column["name"]
+    return shown
+
+
 def test_printer_columns_and_status_subresource() -> None:
+    assert columns(crds.dispatchjob_crd()) == {
+        "get": ["State", "Cause", "Attempt", "Age"],
+        "wide": ["Reason", "TrainJob", "Admitted"],
+    }
     (version,) = crds.dispatchjob_crd()["spec"]["versions"]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "State",
-        "Cause",
-        "Attempt",
-        "Age",
-    ]
     assert version["subresources"] == {"status": {}}
+
+
+def test_kubeflowadapter_columns_show_mode_ready_and_admission_health_in_wide() -> None:
+    assert columns(schema.kubeflow_adapter_crd()) == {
+        "get": ["Mode", "Ready", "Age"],
+        "wide": ["AdmissionHealthy"],
+    }
+
+
+def undescribed(node: Any, path: str = "") -> Iterator[str]:
+    """The path of every property, at any depth, that has no description."""
+    if not isinstance(node, dict):
+        return
+    for name, child in (node.get("properties") or {}).items():
+        if not child.get("description"):
+            yield f"{path}.{name}"
+        yield from undescribed(child, f"{path}.{name}")
+    for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+        yield from undescribed(node.get(key), path + suffix)
+
+
+@pytest.mark.parametrize(
+    "crd", [crds.dispatchjob_crd(), schema.kubeflow_adapter_crd()], ids=["dj", "kfa"]
+)
+def test_every_field_of_the_crds_is_described_for_kubectl_explain(crd: dict[str, Any]) -> None:
+    (version,) = crd["spec"]["versions"]
+    root = version["schema"]["openAPIV3Schema"]
+    assert root["description"]
+    assert list(undescribed(root)) == []
+    assert "status" in root["properties"]
+    assert "conditions" in root["properties"]["status"]["properties"]
+
+
+def test_undescribed_finds_a_field_without_a_description() -> None:
+    node = {"properties": {"a": {"description": "x", "items": {"properties": {"b": {}}}}}}
+    assert list(undescribed(node)) == [".a[].b"]
 
 
 def test_every_spec_field_but_attempt_is_immutable() -> None:

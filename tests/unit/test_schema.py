@@ -310,12 +310,20 @@ class TestKubeflowAdapterCrd:
 
     def test_status_subresource_and_printer_columns(self) -> None:
         assert self.version["subresources"] == {"status": {}}
-        assert self.version["additionalPrinterColumns"] == [
+        columns = [dict(column) for column in self.version["additionalPrinterColumns"]]
+        assert all(column.pop("description") for column in columns)
+        assert columns == [
             {"name": "Mode", "type": "string", "jsonPath": ".status.mode"},
             {
                 "name": "Ready",
                 "type": "string",
                 "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+            },
+            {
+                "name": "AdmissionHealthy",
+                "type": "string",
+                "priority": 1,
+                "jsonPath": '.status.conditions[?(@.type=="AdmissionHealthy")].status',
             },
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ]

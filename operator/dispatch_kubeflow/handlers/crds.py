@@ -20,6 +20,9 @@ from dispatch_kubeflow.constants import (
 )
 from dispatch_kubeflow.schema import (
     AGE_COLUMN,
+    OBSERVED_GENERATION,
+    WIDE,
+    condition_column,
     condition_schema,
     kopf_status_schema,
     render_crd,
@@ -155,12 +158,16 @@ def _status_schema() -> dict[str, Any]:
             "reason": _string("The upstream condition's reason, verbatim.", nullable=True),
             "message": _string("The upstream condition's message, verbatim.", nullable=True),
             "trainJob": _string("Name of the TrainJob of the current attempt.", nullable=True),
-            "observedGeneration": {"type": "integer"},
+            "observedGeneration": OBSERVED_GENERATION,
             "truncated": _string(
                 "Set when the status was shortened to stay under 256 KiB: what was cut.",
                 nullable=True,
             ),
-            "conditions": condition_schema([c.value for c in JobCondition]),
+            "conditions": condition_schema(
+                [c.value for c in JobCondition],
+                "Admitted (the current attempt has its capacity), Running (its ranks run) and "
+                "Finished (it ended; the state and cause say how).",
+            ),
             "events": {
                 "type": "array",
                 "description": "The last 50 dispatch events of the job, oldest first.",
@@ -180,6 +187,16 @@ def _status_schema() -> dict[str, Any]:
     }
 
 
+def _column(
+    name: str, description: str, path: str, kind: str = "string", *, wide: bool = False
+) -> dict[str, Any]:
+    column: dict[str, Any] = {"name": name, "type": kind, "description": description}
+    if wide:
+        column["priority"] = WIDE
+    column["jsonPath"] = path
+    return column
+
+
 def dispatchjob_crd() -> dict[str, Any]:
     return render_crd(
         kind=KIND,
@@ -188,9 +205,14 @@ def dispatchjob_crd() -> dict[str, Any]:
         spec=_spec_schema(),
         status=_status_schema(),
         printer_columns=(
-            {"name": "State", "type": "string", "jsonPath": ".status.state"},
-            {"name": "Cause", "type": "string", "jsonPath": ".status.cause"},
-            {"name": "Attempt", "type": "integer", "jsonPath": ".spec.attempt"},
+            _column("State", "Coarse state of the current attempt.", ".status.state"),
+            _column("Cause", "Typed cause of a failure or disruption.", ".status.cause"),
+            _column("Attempt", "The attempt asked for.", ".spec.attempt", "integer"),
+            _column("Reason", "The upstream reason, verbatim.", ".status.reason", wide=True),
+            _column("TrainJob", "The current attempt's TrainJob.", ".status.trainJob", wide=True),
+            condition_column(
+                JobCondition.ADMITTED, "Whether the current attempt is admitted.", WIDE
+            ),
             AGE_COLUMN,
         ),
         description="A dispatch job, run as Kubeflow Trainer TrainJobs. Its name is the job id.",
