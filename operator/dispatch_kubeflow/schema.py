@@ -722,10 +722,9 @@ def render_crd(
                                     "description": f"{group}/{version}.",
                                 },
                                 "kind": {"type": "string", "description": f"{kind}."},
-                                "metadata": {
-                                    "type": "object",
-                                    "description": "Standard object metadata.",
-                                },
+                                # The apiserver refuses anything on metadata but its type, and
+                                # describes it itself (ObjectMeta).
+                                "metadata": {"type": "object"},
                                 "spec": spec,
                                 "status": status,
                             },

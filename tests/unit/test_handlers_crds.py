@@ -65,12 +65,16 @@ def test_kubeflowadapter_columns_show_mode_ready_and_admission_health_in_wide() 
     }
 
 
+# The apiserver forbids a description of metadata (it gives ObjectMeta's own).
+DESCRIBED_BY_THE_APISERVER = frozenset({".metadata"})
+
+
 def undescribed(node: Any, path: str = "") -> Iterator[str]:
     """The path of every property, at any depth, that has no description."""
     if not isinstance(node, dict):
         return
     for name, child in (node.get("properties") or {}).items():
-        if not child.get("description"):
+        if not child.get("description") and f"{path}.{name}" not in DESCRIBED_BY_THE_APISERVER:
             yield f"{path}.{name}"
         yield from undescribed(child, f"{path}.{name}")
     for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
