@@ -4,7 +4,8 @@ The package is layered; a module imports only from its own layer or lower ones (
 in pyproject.toml, checked by ``lint-imports``):
 
 - programs: ``cli``; ``handlers`` (the kopf operator) and ``admission`` (dispatch-admission);
-  ``metrics`` (the Prometheus metrics both export, and their endpoint);
+  ``metrics`` (the Prometheus metrics both export, and their endpoint) and ``summary`` (the
+  ``status`` command's tables);
 - library: ``adapter`` (the facade); ``probe``, ``gate``, ``starting``, ``stopping``,
   ``finding`` (one operation each); ``supervisor`` (the watch); ``derivation``, ``index``,
   ``heartbeat``, ``reporting``, ``runtimes``; ``reasons``, ``events``, ``trainjob``, ``scope``;

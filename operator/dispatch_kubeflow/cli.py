@@ -2,9 +2,10 @@
 
 ``schema`` prints the settings JSON Schema (the bytes of ``schema.json``); ``validate`` checks a
 settings document or a ``KubeflowAdapter`` manifest before it is used or applied, and prints the
-settings as the adapter reads them. Exit status: 0 success, 1 refused, 2 bad usage, input that
-cannot be read or output that cannot be written, 3 an internal error (a fault in this program,
-never a verdict on the input), 130 interrupted. Every failure is one line on standard error.
+settings as the adapter reads them; ``status`` prints the adapters and jobs of a cluster. Exit
+status: 0 success, 1 refused, 2 bad usage, input that cannot be read or output that cannot be
+written, 3 an internal error (a fault in this program, never a verdict on the input), 130
+interrupted. Every failure is one line on standard error.
 """
 
 from __future__ import annotations
@@ -449,6 +450,51 @@ async def _admit_until_signalled(
         await run_replica(settings, identity=identity, timing=timing)
 
 
+# --- status -------------------------------------------------------------------------------------
+
+
+def add_status_command(commands: SubParsers) -> None:
+    parser = commands.add_parser(
+        "status",
+        help="print the KubeflowAdapters and DispatchJobs: state, cause, attempt, age, wait",
+        description="Print a table of the KubeflowAdapters and DispatchJobs found: each job's "
+        "state, cause, attempt, age and the time its attempt waited for admission.",
+    )
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="only this namespace (default: every namespace)",
+    )
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="default: table"
+    )
+    parser.add_argument(
+        "--kubeconfig", metavar="PATH", help="kubeconfig (default: KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.set_defaults(handler=run_status)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Exit 0 with the tables, 1 when the cluster cannot be reached or read."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from dispatch_kubeflow.clock import utc_now
+    from dispatch_kubeflow.summary import Where, read_summary, render_json, render_text
+
+    where = Where(kubeconfig=args.kubeconfig, context=args.context)
+    try:
+        summary = asyncio.run(read_summary(where, args.namespace, utc_now()))
+    except (ErrUnsupported, ApiException, OSError) as exc:
+        report(f"{PROG} status: {str(exc).strip() or type(exc).__name__}")
+        return EXIT_REFUSED
+    if args.output == "json":
+        data = json.dumps(render_json(summary), indent=2) + "\n"
+        return write_output(data.encode(), "status")
+    return write_output(render_text(summary).encode(), "status")
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 # Each adds one subcommand; its handler returns the exit status.
@@ -457,6 +503,7 @@ COMMANDS: Final[tuple[Callable[[SubParsers], None], ...]] = (
     add_validate_command,
     add_run_command,
     add_admission_command,
+    add_status_command,
 )
 
 
