@@ -1,10 +1,11 @@
 """``dispatch-kubeflow status``: the KubeflowAdapters and DispatchJobs, summed up for people.
 
 Two tables, like ``kueuectl list workload``: the adapters (what each serves, its mode, Ready and
-AdmissionHealthy) and the jobs (state, cause, attempt, age, and the time the current attempt has
-waited for admission: so far while it waits, else how long its last admission took). Rows are
-sorted by namespace and name and columns aligned; ``-o json`` gives the same rows as JSON, times
-in seconds. Everything is read in one LIST per kind.
+AdmissionHealthy; with a namespace, those living in it and those serving it) and the jobs
+(state, cause, attempt, age, and the time the current attempt has waited for admission: so far
+while it waits, else how long its last admission took). Rows are sorted by namespace and name
+and columns aligned; ``-o json`` gives the same rows as JSON, times in seconds. Everything is
+read in one LIST per kind.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from http import HTTPStatus
 from typing import Any, Final
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.clock import parse_time
 from dispatch_kubeflow.constants import (
@@ -176,11 +179,33 @@ async def _list(api: client.ApiClient, plural: str, namespace: str | None) -> li
     return list(found.get("items") or [])
 
 
+def in_or_serving(adapter: Mapping[str, Any], namespace: str) -> bool:
+    """Whether a KubeflowAdapter lives in ``namespace`` or serves it."""
+    return namespace in (dig(adapter, "metadata", "namespace"), dig(adapter, "spec", "namespace"))
+
+
+async def _adapters(api: client.ApiClient, namespace: str | None) -> list[dict[str, Any]]:
+    """The adapters of ``namespace``: those living there and those serving it from elsewhere.
+
+    Those serving it from elsewhere need a cluster-wide LIST; without the right to it, only the
+    namespace's own are shown.
+    """
+    if namespace is None:
+        return await _list(api, KUBEFLOW_ADAPTERS, None)
+    try:
+        every = await _list(api, KUBEFLOW_ADAPTERS, None)
+    except ApiException as error:
+        if error.status != HTTPStatus.FORBIDDEN:
+            raise
+        return await _list(api, KUBEFLOW_ADAPTERS, namespace)
+    return [adapter for adapter in every if in_or_serving(adapter, namespace)]
+
+
 async def read_summary(where: Where, namespace: str | None, now: datetime) -> Summary:
     """One LIST of each kind in ``namespace`` (every namespace for None), summed up."""
     api = await connect(where, token=None, request_timeout=REQUEST_TIMEOUT)
     try:
-        adapters = await _list(api, KUBEFLOW_ADAPTERS, namespace)
+        adapters = await _adapters(api, namespace)
         jobs = await _list(api, DISPATCH_JOBS, namespace)
     finally:
         await api.close()

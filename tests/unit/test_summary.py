@@ -102,3 +102,13 @@ def test_json_rows_have_camel_case_keys_and_whole_seconds() -> None:
         "namespace", "name", "adapter", "state", "cause", "attempt", "ageSeconds", "admitted",
         "admissionWaitSeconds",
     }  # fmt: skip
+
+
+def test_a_namespace_has_the_adapters_living_in_it_and_those_serving_it() -> None:
+    def adapter(lives: str, serves: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": lives}, "spec": {"namespace": serves}}
+
+    assert summary.in_or_serving(adapter("team-a", "team-a"), "team-a")
+    assert summary.in_or_serving(adapter("dispatch-system", "team-a"), "team-a")
+    assert summary.in_or_serving(adapter("team-a", "team-b"), "team-a")
+    assert not summary.in_or_serving(adapter("dispatch-system", "team-b"), "team-a")

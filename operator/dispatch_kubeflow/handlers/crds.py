@@ -16,6 +16,7 @@ from dispatch_kubeflow.constants import (
     DISPATCH_JOBS,
     GROUP,
     STATUS_REPORTED,
+    Cause,
     JobCondition,
 )
 from dispatch_kubeflow.schema import (
@@ -144,6 +145,13 @@ def _spec_schema() -> dict[str, Any]:
     }
 
 
+CAUSE_DESCRIPTION: Final = (
+    "Whose fault, and what next: the typed cause of the current attempt's failure or "
+    "disruption, one of " + ", ".join(c.value for c in Cause) + ". When several apply the "
+    "first of this list wins. Null while nothing went wrong."
+)
+
+
 def _status_schema() -> dict[str, Any]:
     return {
         "type": "object",
@@ -151,12 +159,19 @@ def _status_schema() -> dict[str, Any]:
         "properties": {
             "attempt": {"type": "integer", "description": "The attempt the status describes."},
             "state": _string(
-                "Coarse state.",
+                "Coarse state of the current attempt; the cause says why it failed or was "
+                "disrupted.",
                 enum=["Pending", "Running", "Succeeded", "Failed", "Stopped", "Unknown"],
             ),
-            "cause": _string("Typed cause of a failure or disruption.", nullable=True),
-            "reason": _string("The upstream condition's reason, verbatim.", nullable=True),
-            "message": _string("The upstream condition's message, verbatim.", nullable=True),
+            "cause": _string(CAUSE_DESCRIPTION, nullable=True),
+            "reason": _string(
+                "The reason of the upstream condition or container state the status was derived "
+                "from, verbatim (DeadlineExceeded, OOMKilled, Preempted, ...).",
+                nullable=True,
+            ),
+            "message": _string(
+                "The message of that upstream condition, verbatim (at most 4 KiB).", nullable=True
+            ),
             "trainJob": _string("Name of the TrainJob of the current attempt.", nullable=True),
             "observedGeneration": OBSERVED_GENERATION,
             "truncated": _string(
