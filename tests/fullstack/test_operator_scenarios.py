@@ -26,6 +26,7 @@ from dispatch_kubeflow.handlers.registry import EventLines
 from dispatch_kubeflow.publish import encode
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fullstack.stack import EXAMPLE_RUNTIME_NAME, FullStack
+from tests.integration.test_operator import Samples, eventually, sample, scrape
 
 START_TIMEOUT = 60.0
 JOB_TIMEOUT = 120.0
@@ -46,9 +47,13 @@ def _kubeconfig(path: Path) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def _operator(kubeconfig: Path, namespace: str, events: Path) -> AsyncIterator[None]:
+async def _operator(
+    kubeconfig: Path, namespace: str, events: Path, memo: kopf.Memo | None = None
+) -> AsyncIterator[None]:
     stop, ready = asyncio.Event(), asyncio.Event()
     lines = EventLines(str(events))
+    memo = memo if memo is not None else kopf.Memo()
+    memo.event_lines = lines
     with _kubeconfig(kubeconfig):
         task = asyncio.create_task(
             kopf.operator(
@@ -56,7 +61,7 @@ async def _operator(kubeconfig: Path, namespace: str, events: Path) -> AsyncIter
                 namespaces=[namespace],
                 stop_flag=stop,
                 ready_flag=ready,
-                memo=kopf.Memo(event_lines=lines),
+                memo=memo,
             )
         )
         try:
@@ -125,7 +130,8 @@ async def test_dispatch_jobs_end_with_their_causes_through_the_operator(
             },
         }
 
-    async with _operator(cluster.kubeconfig, namespace, tmp_path / "events.jsonl"):
+    memo = kopf.Memo(metrics_address="127.0.0.1:0")
+    async with _operator(cluster.kubeconfig, namespace, tmp_path / "events.jsonl", memo):
         await _create(objects, namespace, "kubeflowadapters", adapter)
         await _create(
             objects,
@@ -158,6 +164,13 @@ async def test_dispatch_jobs_end_with_their_causes_through_the_operator(
         oom = await _status_when(objects, namespace, "oom", "Failed")
         late = await _status_when(objects, namespace, "late", "Failed")
 
+        async def all_counted() -> Samples | None:
+            samples = await scrape(memo)
+            return samples if len(_finished_in(samples, namespace)) == 4 else None
+
+        # The status is written before the operator counts it: wait for the counter too.
+        samples = await eventually(all_counted, "four finished attempts in /metrics")
+
     assert good.get("cause") is None
     finished = [e for e in good["events"] if e["type"] == "Finished"]
     assert len(finished) == 1
@@ -170,3 +183,25 @@ async def test_dispatch_jobs_end_with_their_causes_through_the_operator(
             (e["type"], e.get("state"), e.get("cause"), e.get("reason")) for e in status["events"]
         ]
         assert all(count == 1 for count in Counter(keys).values()), keys
+
+    # The operator's /metrics count exactly these four outcomes, by state and cause.
+    assert _finished_in(samples, namespace) == {
+        ("Succeeded", ""): 1.0,
+        ("Failed", "ProgramError"): 1.0,
+        ("Failed", "OutOfMemory"): 1.0,
+        ("Failed", "Timeout"): 1.0,
+    }
+    where = {"namespace": namespace, "runtime": EXAMPLE_RUNTIME_NAME}
+    assert sample(samples, "dispatch_kubeflow_job_admission_wait_seconds_count", **where) == 4
+    assert sample(samples, "dispatch_kubeflow_job_run_seconds_count", **where) == 4
+
+
+def _finished_in(samples: Samples, namespace: str) -> dict[tuple[str, str], float]:
+    """``dispatch_kubeflow_jobs_finished_total`` of ``namespace`` by (state, cause)."""
+    found: dict[tuple[str, str], float] = {}
+    for (name, labels), value in samples.items():
+        fields = dict(labels)
+        if name == "dispatch_kubeflow_jobs_finished_total" and fields["namespace"] == namespace:
+            assert (fields["adapter"], fields["runtime"]) == (ADAPTER, EXAMPLE_RUNTIME_NAME)
+            found[(fields["state"], fields["cause"])] = value
+    return found
