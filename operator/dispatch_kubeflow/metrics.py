@@ -58,23 +58,26 @@ EVENTS: Final = prometheus_client.Counter(
     "Dispatch events reported, by type and cause.",
     ["namespace", "adapter", "type", "cause"],
 )
-ADMISSION_WAIT: Final = prometheus_client.Histogram(
+
+
+def _phase(name: str, documentation: str) -> prometheus_client.Histogram:
+    """A histogram of one phase of an attempt, per namespace and runtime."""
+    return prometheus_client.Histogram(
+        name, documentation, ["namespace", "runtime"], buckets=PHASE_BUCKETS
+    )
+
+
+ADMISSION_WAIT: Final = _phase(
     "dispatch_kubeflow_job_admission_wait_seconds",
     "Time from an attempt's Submitted (or its last Evicted) to its Admitted event.",
-    ["namespace", "runtime"],
-    buckets=PHASE_BUCKETS,
 )
-STARTUP: Final = prometheus_client.Histogram(
+STARTUP: Final = _phase(
     "dispatch_kubeflow_job_startup_seconds",
     "Time from an attempt's Admitted to its Running event.",
-    ["namespace", "runtime"],
-    buckets=PHASE_BUCKETS,
 )
-RUN: Final = prometheus_client.Histogram(
+RUN: Final = _phase(
     "dispatch_kubeflow_job_run_seconds",
     "Time from an attempt's Running to its Finished or Vanished event.",
-    ["namespace", "runtime"],
-    buckets=PHASE_BUCKETS,
 )
 EVENT_LATENCY: Final = prometheus_client.Histogram(
     "dispatch_kubeflow_event_latency_seconds",

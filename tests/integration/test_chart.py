@@ -83,6 +83,16 @@ def adapter_values(namespace: str) -> list[str]:
     ]
 
 
+def admission_values() -> list[str]:
+    """Values that deploy dispatch-admission, for an adapter spec with an admission check."""
+    spec = {
+        "namespace": "team-a",
+        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
+        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
+    }
+    return ["--set", "admission.enabled=true", "--set-json", f"adapter.spec={json.dumps(spec)}"]
+
+
 def test_the_chart_lints_clean(helm: Path) -> None:
     run_helm(helm, "lint", "--strict", str(CHART))
     run_helm(
@@ -267,20 +277,7 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 def test_the_operator_and_admission_deployments_select_only_their_own_pods(
     helm: Path,
 ) -> None:
-    spec = {
-        "namespace": "team-a",
-        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
-        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
-    }
-    docs = render(
-        helm,
-        "--set",
-        "admission.enabled=true",
-        "--set-json",
-        f"adapter.spec={json.dumps(spec)}",
-        "--set-json",
-        'podLabels={"team": "a"}',
-    )
+    docs = render(helm, *admission_values(), "--set-json", 'podLabels={"team": "a"}')
     deployments = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Deployment"}
     operator = deployments["dispatch-dispatch-kubeflow"]["spec"]
     admission = deployments["dispatch-dispatch-kubeflow-admission"]["spec"]
@@ -324,17 +321,7 @@ def test_the_deployment_runs_the_built_image_by_digest_as_the_image_test_runs_it
 def test_metrics_are_served_behind_a_service_with_an_optional_monitor_and_dashboard(
     helm: Path,
 ) -> None:
-    spec = {
-        "namespace": "team-a",
-        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
-        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
-    }
-    admission = [
-        "--set",
-        "admission.enabled=true",
-        "--set-json",
-        f"adapter.spec={json.dumps(spec)}",
-    ]
+    admission = admission_values()
     docs = render(helm, *admission)
     assert not [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert not [
