@@ -25,10 +25,11 @@ from tests.integration.test_operator import (
     condition,
     eventually,
     operator,
+    operator_memo,
     scene,
 )
 
-__all__ = ["operator", "scene"]  # fixtures used by the tests below
+__all__ = ["operator", "operator_memo", "scene"]  # fixtures used by the tests below
 
 
 async def raise_attempt(scene: Scene, name: str, attempt: int) -> None:
