@@ -35,6 +35,7 @@ from dispatch_kubeflow.kube.apierrors import (
     to_dispatch_error,
 )
 from dispatch_kubeflow.kube.objects import key_of, resource_version_of
+from dispatch_kubeflow.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -364,10 +365,11 @@ async def wait_for(
     task = asyncio.create_task(informer.run(), name=f"wait-for {what}")
     try:
         waiting: set[asyncio.Future[Any]] = {found, task}
-        await asyncio.wait(waiting, timeout=within.total_seconds())
+        await asyncio.wait(
+            waiting, timeout=within.total_seconds(), return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(task)
     if found.done():
         return found.result()
     if not informer.synced.is_set():
