@@ -14,20 +14,23 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import yaml
 
-from dispatch_kubeflow.constants import API_VERSION, KUBEFLOW_ADAPTER_KIND
-from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported
+from dispatch_kubeflow.constants import (
+    ADMISSION_LEASE_NAME_DEFAULT,
+    ADMISSION_LEASE_NAMESPACE_DEFAULT,
+    API_VERSION,
+    KUBEFLOW_ADAPTER_KIND,
+)
+from dispatch_kubeflow.errors import ErrUnsupported
 from dispatch_kubeflow.metrics import address_argument, serve_metrics
 from dispatch_kubeflow.schema import schema_bytes
 from dispatch_kubeflow.settings import (
@@ -48,7 +51,8 @@ EXIT_INTERRUPTED: Final = 130
 PROG: Final = "dispatch-kubeflow"
 
 if TYPE_CHECKING:
-    from dispatch_kubeflow.kube.leaderelection import ElectionTiming
+    from dispatch_kubeflow.admission.controller import AdmissionConfig
+    from dispatch_kubeflow.settings import Cluster
 
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -346,13 +350,42 @@ def add_admission_command(commands: SubParsers) -> None:
         "admission",
         help="run dispatch-admission, the Kueue admission-check controller of the readmission gate",
         description="Run the Kueue admission-check controller that holds dispatch's "
-        "readmission gate.",
+        "readmission gate: one per AdmissionCheck, for every namespace. The namespaces whose "
+        "Workloads it holds are those served by the KubeflowAdapters whose kueue.admissionCheck "
+        "names the check; every other Workload that carries the check is made Ready at once.",
     )
     parser.add_argument(
-        "--settings",
-        type=Path,
+        "--admission-check",
         required=True,
-        help="a settings JSON document, or a KubeflowAdapter manifest",
+        metavar="NAME",
+        help="the AdmissionCheck this controller decides (its controllerName must be "
+        "dispatch.phpboyscout.uk/admission)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=ADMISSION_LEASE_NAMESPACE_DEFAULT,
+        metavar="NS",
+        help="namespace of the leader-election Lease, the heartbeat the adapters read "
+        f"(default {ADMISSION_LEASE_NAMESPACE_DEFAULT}, as the settings' kueue.admissionLease)",
+    )
+    parser.add_argument(
+        "--lease-name",
+        default=ADMISSION_LEASE_NAME_DEFAULT,
+        metavar="NAME",
+        help=f"name of that Lease (default {ADMISSION_LEASE_NAME_DEFAULT})",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig to use (default: in a pod its service account, else KUBECONFIG, "
+        "~/.kube/config)",
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context to use")
+    parser.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=timedelta(seconds=30),
+        help="seconds each non-streaming API request may take (default 30)",
     )
     parser.add_argument(
         "--identity",
@@ -377,6 +410,19 @@ def add_admission_command(commands: SubParsers) -> None:
     )
     parser.add_argument("--log-level", default="INFO", help="Python logging level (default INFO)")
     parser.add_argument(
+        "--log-format",
+        choices=("json", "plain"),
+        default="json",
+        help="logs on stderr as JSON lines, as the operator's, or plain text (default json)",
+    )
+    parser.add_argument(
+        "--health-address",
+        type=address_argument,
+        metavar="HOST:PORT",
+        help="serve /healthz (liveness) and /readyz (readiness: leading, or standing by with "
+        "every watch listed) on this address, e.g. 0.0.0.0:8081 (default: off)",
+    )
+    parser.add_argument(
         "--metrics-address",
         type=address_argument,
         metavar="HOST:PORT",
@@ -395,37 +441,62 @@ def _seconds(value: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def load_settings_file(path: Path) -> Settings:
-    """The settings in a file that ``validate`` accepts: a settings document or a manifest."""
-    return load_settings_or_manifest(path.read_bytes())
-
-
-def run_admission(args: argparse.Namespace) -> int:
-    """Run one replica until SIGTERM or SIGINT; exit 2 for bad settings or flags, 1 when the
-    cluster cannot be reached."""
-    # Imported here: the other commands need no API client.
+def admission_config(args: argparse.Namespace) -> AdmissionConfig:
+    """The replica's configuration from the flags; ``ValueError`` names a bad one."""
     from dispatch_kubeflow.admission.controller import AdmissionConfig
-    from dispatch_kubeflow.kube.leaderelection import ElectionTiming
+    from dispatch_kubeflow.kube.leaderelection import ElectionTiming, default_identity
+    from dispatch_kubeflow.settings import AdmissionLease
+    from dispatch_kubeflow.settings.names import check_object_name
 
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     flags = {
         "lease_duration": args.lease_duration,
         "renew_deadline": args.renew_deadline,
         "retry_period": args.retry_period,
     }
+    timing = ElectionTiming(**{k: v for k, v in flags.items() if v is not None})
     try:
-        settings = load_settings_file(args.settings)
-        timing = ElectionTiming(**{k: v for k, v in flags.items() if v is not None})
-        AdmissionConfig.from_settings(settings, identity=args.identity, timing=timing)
-    except (OSError, ErrInvalid, ValueError) as exc:
-        report(f"{PROG} admission: {args.settings}: {exc}")
+        check = check_object_name(args.admission_check)
+    except ValueError as exc:
+        raise ValueError(f"--admission-check: {exc}") from None
+    try:
+        lease = AdmissionLease(namespace=args.lease_namespace, name=args.lease_name)
+    except ValueError as exc:
+        raise ValueError(f"--lease-namespace/--lease-name: {_first_error(exc)}") from None
+    return AdmissionConfig(
+        check=check,
+        lease_namespace=lease.namespace,
+        lease_name=lease.name,
+        identity=args.identity or default_identity(),
+        timing=timing,
+        request_timeout=args.request_timeout.total_seconds(),
+    )
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
+    return str(exc)
+
+
+def run_admission(args: argparse.Namespace) -> int:
+    """Run one replica until SIGTERM or SIGINT; exit 2 for bad flags, 1 when the cluster cannot
+    be reached."""
+    # Imported here: the other commands need no API client.
+    from dispatch_kubeflow.admission.logs import configure_logging
+    from dispatch_kubeflow.settings import Cluster
+
+    try:
+        cfg = admission_config(args)
+        configure_logging(args.log_level, args.log_format)
+    except ValueError as exc:
+        report(f"{PROG} admission: {exc}")
         return EXIT_USAGE
+    cluster = Cluster(kubeconfig=args.kubeconfig, context=args.context)
     server = serve_metrics(args.metrics_address) if args.metrics_address else None
     try:
-        asyncio.run(_admit_until_signalled(settings, args.identity, timing))
+        asyncio.run(_admit_until_signalled(cfg, cluster, args.health_address))
     except ErrUnsupported as exc:
         report(f"{PROG} admission: {exc}")
         return EXIT_REFUSED
@@ -436,7 +507,7 @@ def run_admission(args: argparse.Namespace) -> int:
 
 
 async def _admit_until_signalled(
-    settings: Settings, identity: str | None, timing: ElectionTiming
+    cfg: AdmissionConfig, cluster: Cluster, health_address: str | None
 ) -> None:
     from dispatch_kubeflow.admission.controller import run_admission as run_replica
 
@@ -447,7 +518,7 @@ async def _admit_until_signalled(
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(signum, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
-        await run_replica(settings, identity=identity, timing=timing)
+        await run_replica(cfg, cluster=cluster, health_address=health_address)
 
 
 # --- status -------------------------------------------------------------------------------------

@@ -11,14 +11,24 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from dispatch_kubeflow.adapter import AdapterConfig
-from dispatch_kubeflow.admission.controller import run_admission
-from dispatch_kubeflow.constants import Cause, EventType, State
-from dispatch_kubeflow.settings import parse_settings
+from dispatch_kubeflow.admission.controller import AdmissionConfig, run_admission
+from dispatch_kubeflow.constants import (
+    API_VERSION,
+    GROUP,
+    KUBEFLOW_ADAPTER_KIND,
+    KUBEFLOW_ADAPTERS,
+    VERSION,
+    Cause,
+    EventType,
+    State,
+)
+from dispatch_kubeflow.settings import Cluster, parse_settings
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.fullstack.stack import ADMISSION_CHECK, FullStack
 from tests.fullstack.kube import wait_for
@@ -139,12 +149,38 @@ async def test_job_over_quota_is_pending_for_lack_of_capacity(
 
 
 async def test_preempted_job_waits_at_the_gate_and_is_readmitted(
-    fullstack: FullStack, cluster: ControlPlane, namespace: str, kueue_configuration: str
+    fullstack: FullStack,
+    cluster: ControlPlane,
+    namespace: str,
+    kueue_configuration: str,
+    kube_api: client.ApiClient,
 ) -> None:
     fullstack.create_queues(namespace, gpus=8, admission_check=True)
     low_settings = _kueue(cluster, namespace, "low", gated=True)
     high_settings = _kueue(cluster, namespace, "high", gated=True)
-    admission = asyncio.create_task(run_admission(parse_settings(low_settings)))
+    # The KubeflowAdapter that tells the admission controller this namespace is dispatch's.
+    objects: Any = client.CustomObjectsApi(kube_api)  # takes a plain dict as the body
+    await objects.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        KUBEFLOW_ADAPTERS,
+        {
+            "apiVersion": API_VERSION,
+            "kind": KUBEFLOW_ADAPTER_KIND,
+            "metadata": {"name": "low"},
+            "spec": json.loads(low_settings),
+        },
+    )
+    gate = AdmissionConfig(
+        check=ADMISSION_CHECK,
+        lease_namespace=namespace,
+        lease_name="dispatch-admission",
+        identity="fullstack",
+    )
+    admission = asyncio.create_task(
+        run_admission(gate, cluster=Cluster(kubeconfig=str(cluster.kubeconfig)))
+    )
     try:
         async with (
             open_adapter(low_settings, "low") as (low, low_log),

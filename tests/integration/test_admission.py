@@ -26,7 +26,11 @@ from dispatch_kubeflow.constants import (
     ADMISSION_FIELD_MANAGER,
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
+    API_VERSION,
     APPLY_PATCH,
+    GROUP,
+    KUBEFLOW_ADAPTER_KIND,
+    KUBEFLOW_ADAPTERS,
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_JOB,
@@ -37,6 +41,7 @@ from dispatch_kubeflow.constants import (
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
+    VERSION,
     WORKLOADS,
     CheckState,
     EventType,
@@ -67,18 +72,21 @@ def now() -> str:
 
 
 class Scene:
-    """One namespace, one AdmissionCheck of ours, and the Kueue side played by hand."""
+    """One namespace, one AdmissionCheck of ours, and the Kueue side played by hand.
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+    The controller decides its check in every namespace; ``serve`` makes this namespace
+    dispatch's with a KubeflowAdapter of the check.
+    """
+
+    def __init__(self, api: client.ApiClient, namespace: str, check: str | None = None) -> None:
         self.api = api
         # Any: the generated signatures omit _content_type and take plain dicts as bodies too.
         self.objects: Any = client.CustomObjectsApi(api)
         self.namespace = namespace
-        self.check = f"{namespace}-gate"
+        self.check = check or f"{namespace}-gate"
 
     def config(self, identity: str) -> AdmissionConfig:
         return AdmissionConfig(
-            namespace=self.namespace,
             check=self.check,
             lease_namespace=self.namespace,
             lease_name=LEASE,
@@ -97,6 +105,31 @@ class Scene:
             release_on_cancel=release_on_cancel,
         )
         return AdmissionController(self.api, cfg, elector=elector)
+
+    async def serve(self, lease: tuple[str, str] | None = None, name: str = "team") -> None:
+        """A KubeflowAdapter of the check serving this namespace, reading ``lease`` (by default
+        the Lease the scene's controllers hold)."""
+        lease_namespace, lease_name = lease or (self.namespace, LEASE)
+        await self.objects.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            KUBEFLOW_ADAPTERS,
+            {
+                "apiVersion": API_VERSION,
+                "kind": KUBEFLOW_ADAPTER_KIND,
+                "metadata": {"name": name},
+                "spec": {
+                    "namespace": self.namespace,
+                    "probeRuntime": {"kind": "ClusterTrainingRuntime", "name": "torch"},
+                    "kueue": {
+                        "localQueue": "lq",
+                        "admissionCheck": self.check,
+                        "admissionLease": {"namespace": lease_namespace, "name": lease_name},
+                    },
+                },
+            },
+        )
 
     async def create_admission_check(
         self, controller_name: str = ADMISSION_CONTROLLER_NAME
@@ -356,6 +389,7 @@ async def running(*controllers: AdmissionController) -> AsyncIterator[list[async
 async def scene(kube_api: client.ApiClient, namespace: str) -> AsyncIterator[Scene]:
     scene = Scene(kube_api, namespace)
     await scene.create_admission_check()
+    await scene.serve()
     try:
         yield scene
     finally:
@@ -449,7 +483,8 @@ async def test_an_evicted_job_stays_pending_until_readmitted(scene: Scene) -> No
         await scene.annotate("job-1", "example.com/note", "x")
         await scene.annotate("job-1", ANNOTATION_READMIT, "0")
         await eventually(
-            lambda: _trainjob_seen(controller, ANNOTATION_READMIT, "0"), "the readmit annotation"
+            lambda: _trainjob_seen(controller, scene.namespace, ANNOTATION_READMIT, "0"),
+            "the readmit annotation",
         )
         await asyncio.sleep(0.5)
         still = await scene.workload(name)
@@ -503,6 +538,107 @@ async def test_a_workload_of_a_job_dispatch_did_not_start_is_not_held(scene: Sce
         await scene.wait_for_state(name, CheckState.READY)
 
 
+# One controller for every namespace.
+
+
+async def test_a_workload_in_a_namespace_no_adapter_serves_is_ready_at_once(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    """Even a dispatch-labelled TrainJob's Workload after an eviction, which a served namespace
+    would hold: no KubeflowAdapter of the check says this namespace is dispatch's."""
+    scene = Scene(kube_api, namespace)
+    await scene.create_admission_check()
+    try:
+        name = await scene.workload_for(await scene.trainjob("job-1"))
+        controller = scene.controller("a")
+        async with running(controller):
+            await scene.kueue_reserves(name, evictions=1)
+            ready = await scene.wait_for_state(name, CheckState.READY)
+        entry = check_entry(ready, scene.check)
+        assert entry is not None
+        assert entry["message"] == (
+            f"no KubeflowAdapter of AdmissionCheck {scene.check} serves namespace {namespace}: "
+            "not held by the readmission gate"
+        )
+        assert namespace not in controller.served
+    finally:
+        await scene.delete_admission_check()
+
+
+@contextlib.asynccontextmanager
+async def another_namespace(api: client.ApiClient, namespace: str) -> AsyncIterator[str]:
+    core: Any = client.CoreV1Api(api)  # takes a plain dict as the body
+    name = f"{namespace[:56]}-b"
+    await core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiException):
+            await core.delete_namespace(name)
+
+
+async def test_one_controller_decides_two_namespaces_served_by_two_adapters(
+    scene: Scene, kube_api: client.ApiClient
+) -> None:
+    """Each namespace's evicted job is held and its first admission is Ready; the second
+    adapter names another Lease than the controller holds, and the AdmissionCheck says so."""
+    async with another_namespace(kube_api, scene.namespace) as other_namespace:
+        other = Scene(kube_api, other_namespace, check=scene.check)
+        await other.serve(lease=(other_namespace, "elsewhere"), name="team-b")
+        names = {}
+        for each in (scene, other):
+            first = await each.workload_for(await each.trainjob("first"))
+            evicted = await each.workload_for(await each.trainjob("evicted"))
+            names[each.namespace] = (first, evicted)
+        controller = scene.controller("a")
+        async with running(controller):
+            for each in (scene, other):
+                first, evicted = names[each.namespace]
+                await each.kueue_reserves(first)
+                await each.kueue_reserves(evicted, evictions=1)
+                await each.wait_for_state(first, CheckState.READY)
+                await each.wait_for_state(
+                    evicted, CheckState.PENDING, lambda m: m.startswith("held after eviction 1")
+                )
+
+            async def mismatch_named() -> str | None:
+                check = await scene.admission_check()
+                conditions = (check.get("status") or {}).get("conditions") or []
+                active: dict[str, Any] = next((c for c in conditions if c["type"] == "Active"), {})
+                return active.get("message") if "team-b" in active.get("message", "") else None
+
+            message = await eventually(mismatch_named, "the Lease mismatch on Active")
+
+    assert controller.served >= {scene.namespace, other_namespace}
+    assert {w.namespace for w in controller.written} == {scene.namespace, other_namespace}
+    assert (
+        f"KubeflowAdapter {other_namespace}/team-b reads Lease {other_namespace}/elsewhere, "
+        f"not {scene.namespace}/{LEASE}"
+    ) in message
+
+
+async def test_a_kubeflow_adapter_created_after_the_controller_started_is_picked_up(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    scene = Scene(kube_api, namespace)
+    await scene.create_admission_check()
+    try:
+        name = await scene.workload_for(await scene.trainjob("job-1"))
+        controller = scene.controller("a")
+        async with running(controller):
+            await eventually(lambda: _leading(controller), "leadership")
+            await eventually(_true(controller.adapters.synced.is_set), "the adapters listed")
+            assert namespace not in controller.served
+            await scene.serve()
+            await eventually(_true(lambda: namespace in controller.served), "the new adapter")
+            await scene.kueue_reserves(name, evictions=1)
+            await scene.wait_for_state(
+                name, CheckState.PENDING, lambda m: m.startswith("held after eviction 1")
+            )
+    finally:
+        await scene.delete_admission_check()
+
+
 # Two replicas.
 
 
@@ -521,6 +657,7 @@ async def test_two_replicas_that_both_believe_they_lead_cannot_decide_one_admiss
     replicas = [scene.controller("a"), scene.controller("b")]
     for replica in replicas:
         replica.elector = _AlwaysLeader(replica.elector)
+        replica.served = frozenset({scene.namespace})
         replica.workloads.cache[key_of(workload)] = workload
     readmitted = {**trainjob, "metadata": {**trainjob["metadata"]}}
     readmitted["metadata"]["annotations"] = {ANNOTATION_READMIT: "1"}
@@ -529,7 +666,7 @@ async def test_two_replicas_that_both_believe_they_lead_cannot_decide_one_admiss
     replicas[0].trainjobs.cache[key_of(trainjob)] = readmitted
     replicas[1].trainjobs.cache[key_of(trainjob)] = rejected
 
-    await asyncio.gather(*(r._reconcile_workload(name) for r in replicas))
+    await asyncio.gather(*(r._reconcile_workload(key_of(workload)) for r in replicas))
 
     written = [w for r in replicas for w in r.written]
     assert len(written) == 1
@@ -649,8 +786,10 @@ async def _holder_is(scene: Scene, identity: str) -> bool:
     return await scene.lease_holder() == identity
 
 
-async def _trainjob_seen(controller: AdmissionController, key: str, value: str) -> bool:
-    job = controller.trainjobs.get("job-1", controller.cfg.namespace) or {}
+async def _trainjob_seen(
+    controller: AdmissionController, namespace: str, key: str, value: str
+) -> bool:
+    job = controller.trainjobs.get("job-1", namespace) or {}
     return bool((job.get("metadata", {}).get("annotations") or {}).get(key) == value)
 
 

@@ -9,12 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch_kubeflow.admission.controller import AdmissionConfig
 from dispatch_kubeflow.admission.decisions import (
+    ACTIVE_MESSAGE,
     Decision,
     active_apply_body,
     decide,
     workload_apply_body,
+)
+from dispatch_kubeflow.admission.serving import (
+    Serving,
+    invalid_adapters,
+    lease_mismatches,
+    serving_of,
 )
 from dispatch_kubeflow.constants import (
     ADMISSION_CONTROLLER_NAME,
@@ -23,9 +29,7 @@ from dispatch_kubeflow.constants import (
     LABEL_JOB,
     CheckState,
 )
-from dispatch_kubeflow.errors import ErrInvalid
 from dispatch_kubeflow.kube.workloads import eviction_count, owner_trainjob
-from dispatch_kubeflow.settings import parse_settings_object
 
 CHECK = "dispatch-admission"
 NOW = datetime(2026, 5, 6, 7, 8, 9, tzinfo=UTC)
@@ -310,10 +314,28 @@ def test_active_is_not_rewritten_when_already_true_for_this_generation() -> None
     current = {
         "type": "Active",
         "status": "True",
+        "message": ACTIVE_MESSAGE,
         "observedGeneration": 3,
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
     assert active_apply_body(admission_check([current]), NOW) is None
+
+
+def test_a_new_active_message_is_written_without_moving_the_transition_time() -> None:
+    current = {
+        "type": "Active",
+        "status": "True",
+        "message": ACTIVE_MESSAGE,
+        "observedGeneration": 3,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    body = active_apply_body(admission_check([current]), NOW, "lease mismatch")
+    assert body is not None
+    (active,) = body["status"]["conditions"]
+    assert (active["message"], active["lastTransitionTime"]) == (
+        "lease mismatch",
+        "2026-01-01T00:00:00Z",
+    )
 
 
 def test_a_new_generation_refreshes_active_without_moving_its_transition_time() -> None:
@@ -329,9 +351,22 @@ def test_a_new_generation_refreshes_active_without_moving_its_transition_time() 
     assert body["status"]["conditions"][0]["observedGeneration"] == 3
 
 
-# Configuration.
+# Which namespaces are dispatch's.
 
-SETTINGS = {
+
+def test_a_workload_of_a_namespace_no_adapter_serves_is_ready_at_once_even_after_evictions() -> (
+    None
+):
+    decision = decide(workload(evictions=3), trainjob(), CHECK, served=False)
+    assert decision == Decision(
+        CheckState.READY,
+        f"no KubeflowAdapter of AdmissionCheck {CHECK} serves namespace team-a: "
+        "not held by the readmission gate",
+    )
+    assert decide(workload(quota=False), None, CHECK, served=False) is None
+
+
+SPEC: dict[str, Any] = {
     "namespace": "team-a",
     "probeRuntime": {"kind": "ClusterTrainingRuntime", "name": "torch"},
     "kueue": {
@@ -342,19 +377,36 @@ SETTINGS = {
 }
 
 
-def test_config_comes_from_the_settings() -> None:
-    cfg = AdmissionConfig.from_settings(parse_settings_object(SETTINGS), identity="me")
-    assert (cfg.namespace, cfg.check, cfg.lease_namespace, cfg.lease_name, cfg.identity) == (
-        "team-a",
-        CHECK,
-        "dispatch-system",
-        "gate",
-        "me",
+def adapter(spec: Any, name: str = "a") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "dispatch-system"}, "spec": spec}
+
+
+def test_an_adapter_of_the_check_serves_its_namespace_and_names_its_lease() -> None:
+    assert serving_of(adapter(SPEC), CHECK) == Serving(
+        "dispatch-system/a", "team-a", ("dispatch-system", "gate")
     )
-    assert cfg.request_timeout == 30.0
 
 
-def test_settings_without_an_admission_check_are_refused() -> None:
-    plain = {k: v for k, v in SETTINGS.items() if k != "kueue"}
-    with pytest.raises(ErrInvalid, match=r"kueue\.admissionCheck"):
-        AdmissionConfig.from_settings(parse_settings_object(plain))
+def test_adapters_of_another_check_or_without_kueue_serve_nothing() -> None:
+    plain = {k: v for k, v in SPEC.items() if k != "kueue"}
+    assert serving_of(adapter(plain), CHECK) is None
+    assert serving_of(adapter(SPEC), "another-check") is None
+    assert serving_of(adapter("not a mapping"), CHECK) is None
+
+
+def test_an_invalid_adapter_of_the_check_keeps_its_namespace_served_and_says_why() -> None:
+    found = serving_of(adapter({**SPEC, "timeouts": {"request": "soon"}}), CHECK)
+    assert found is not None
+    assert (found.namespace, found.lease) == ("team-a", None)
+    (line,) = invalid_adapters([found])
+    assert line.startswith("KubeflowAdapter dispatch-system/a is invalid (")
+    assert "/spec/timeouts/request" in line
+
+
+def test_an_adapter_reading_another_lease_is_named() -> None:
+    right = Serving("ns/right", "team-a", ("dispatch-system", "gate"))
+    wrong = Serving("ns/wrong", "team-b", ("team-b", "gate"))
+    assert lease_mismatches([right, wrong], ("dispatch-system", "gate")) == [
+        "KubeflowAdapter ns/wrong reads Lease team-b/gate, not dispatch-system/gate that this "
+        "controller holds: its AdmissionHealthy follows the wrong heartbeat"
+    ]

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dispatch_kubeflow import cli
 from dispatch_kubeflow.cli import EXIT_INTERNAL, EXIT_USAGE, MAX_INPUT_BYTES, main
@@ -335,17 +334,6 @@ class TestUsage:
         assert "cannot read" in err
 
 
-ADMISSION_SETTINGS: dict[str, Any] = {
-    "namespace": "team-a",
-    "probeRuntime": {"kind": "ClusterTrainingRuntime", "name": "torch"},
-    "kueue": {
-        "localQueue": "lq",
-        "admissionCheck": "dispatch-admission",
-        "admissionLease": {"namespace": "dispatch-system", "name": "gate"},
-    },
-}
-
-
 class TestAdmission:
     def test_prints_its_own_usage(self, capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as exited:
@@ -363,52 +351,47 @@ class TestAdmission:
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("usage: dispatch-kubeflow admission")
 
-    def test_refuses_unreadable_settings_with_one_line(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    def test_needs_the_admission_check_it_controls(
+        self, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        missing = tmp_path / "missing.json"
-        assert main(["admission", "--settings", str(missing)]) == 2
-        error = capsys.readouterr().err.strip()
-        assert str(missing) in error
-        assert "\n" not in error
+        with pytest.raises(SystemExit) as exited:
+            main(["admission"])
+        assert exited.value.code == 2
+        assert "--admission-check" in capsys.readouterr().err
 
-    def test_settings_load_from_json_or_a_kubeflow_adapter_manifest(self, tmp_path: Path) -> None:
-        as_json = tmp_path / "settings.json"
-        as_json.write_text(json.dumps(ADMISSION_SETTINGS))
-        manifest = tmp_path / "adapter.yaml"
-        manifest.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "dispatch.phpboyscout.uk/v1alpha1",
-                    "kind": "KubeflowAdapter",
-                    "metadata": {"name": "a"},
-                    "spec": ADMISSION_SETTINGS,
-                }
-            )
+    def test_the_lease_defaults_to_the_settings_default_lease(self) -> None:
+        args = cli.build_parser().parse_args(["admission", "--admission-check", "gate"])
+        cfg = cli.admission_config(args)
+        assert (cfg.check, cfg.lease_namespace, cfg.lease_name) == (
+            "gate",
+            "dispatch-system",
+            "dispatch-admission",
         )
-        assert cli.load_settings_file(as_json) == cli.load_settings_file(manifest)
+        assert cfg.request_timeout == 30.0
 
-    def test_refuses_bad_settings_in_one_line(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    @pytest.mark.parametrize(
+        ("flags", "named"),
+        [
+            (["--admission-check", "Not A Name"], "--admission-check"),
+            (["--admission-check", "gate", "--lease-namespace", "a.b"], "--lease-namespace"),
+            (["--admission-check", "gate", "--lease-name", "UPPER"], "--lease-name"),
+        ],
+    )
+    def test_refuses_a_bad_name_in_one_line(
+        self, flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        bad = tmp_path / "settings.json"
-        bad.write_text(json.dumps({**ADMISSION_SETTINGS, "namespace": "Not A Label"}))
-        assert main(["admission", "--settings", str(bad)]) == 2
+        assert main(["admission", *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1
-        assert "/namespace" in err
+        assert named in err
 
-    def test_refuses_disordered_election_timing(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        good = tmp_path / "settings.json"
-        good.write_text(json.dumps(ADMISSION_SETTINGS))
-        assert main(["admission", "--settings", str(good), "--lease-duration", "5"]) == 2
+    def test_refuses_disordered_election_timing(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["admission", "--admission-check", "gate", "--lease-duration", "5"]) == 2
         assert "lease duration" in capsys.readouterr().err
 
     def test_timing_flags_are_seconds(self) -> None:
         args = cli.build_parser().parse_args(
-            ["admission", "--settings", "x", "--retry-period", "0.2"]
+            ["admission", "--admission-check", "gate", "--retry-period", "0.2"]
         )
         assert args.retry_period == timedelta(seconds=0.2)
 

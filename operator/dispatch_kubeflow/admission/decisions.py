@@ -11,6 +11,8 @@ The rules (``decide``):
   ``status.schedulingStats.evictions[].count``, which Kueue increments in the same write that sets
   ``Evicted=True`` and resets the checks; at least 1 when an ``Evicted`` condition exists at all,
   at least ``status.requeueState.count``. A *first admission* is one with eviction count 0.
+* A Workload of a namespace that no KubeflowAdapter of this check serves is not held: ``Ready``
+  at once, so listing the check on a ClusterQueue shared with other teams blocks nobody.
 * A Workload not owned by a dispatch TrainJob (a TrainJob carrying the ``job`` label) is not held:
   ``Ready``.
 * ``reject``: the TrainJob's ``dispatch.phpboyscout.uk/reject`` annotation, when not empty, makes
@@ -86,11 +88,15 @@ def _readmitted_up_to(value: str | None) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def decide(workload: Obj, trainjob: Obj | None, check: str) -> Decision | None:
+def decide(
+    workload: Obj, trainjob: Obj | None, check: str, *, served: bool = True
+) -> Decision | None:
     """The decision for ``check`` on ``workload``, or None when there is nothing to write.
 
     ``trainjob`` is the dispatch TrainJob that owns the Workload, or None when the Workload has no
     TrainJob owner at all (the caller waits when the owner exists but is not in view yet).
+    ``served`` says whether a KubeflowAdapter of ``check`` serves the Workload's namespace; when
+    none does, the Workload is no dispatch job's and is not held.
     """
     entry = check_entry(workload, check)
     if entry is None or entry.get("state") != CheckState.PENDING:
@@ -101,10 +107,18 @@ def decide(workload: Obj, trainjob: Obj | None, check: str) -> Decision | None:
         return None  # an eviction in progress is decided at the requeue, when quota is reserved
     if not is_active(workload):
         return None
-    decision = _decide_pending(workload, trainjob)
+    decision = _decide_pending(workload, trainjob) if served else _not_served(workload, check)
     if decision.state == CheckState.PENDING and decision.message == entry.get("message"):
         return None
     return decision
+
+
+def _not_served(workload: Obj, check: str) -> Decision:
+    return Decision(
+        CheckState.READY,
+        f"no KubeflowAdapter of AdmissionCheck {check} serves namespace "
+        f"{namespace_of(workload)}: not held by the readmission gate",
+    )
 
 
 def _decide_pending(workload: Obj, trainjob: Obj | None) -> Decision:
@@ -167,18 +181,30 @@ def workload_apply_body(
     }
 
 
-def active_apply_body(admission_check: Obj, now: datetime) -> dict[str, Any] | None:
-    """The apply body that marks our AdmissionCheck ``Active=True``, or None when it already is."""
+ACTIVE_MESSAGE = f"{ADMISSION_CONTROLLER_NAME} is deciding this check"
+
+
+def active_apply_body(
+    admission_check: Obj, now: datetime, message: str = ACTIVE_MESSAGE
+) -> dict[str, Any] | None:
+    """The apply body that marks our AdmissionCheck ``Active=True`` with ``message``, or None
+    when it already says so."""
     generation = dig(admission_check, "metadata", "generation")
     current = condition(admission_check, ADMISSION_CHECK_ACTIVE)
     already_true = is_true(current)
-    if already_true and current is not None and current.get("observedGeneration") == generation:
+    message = message[:MAX_MESSAGE]
+    if (
+        already_true
+        and current is not None
+        and current.get("observedGeneration") == generation
+        and current.get("message") == message
+    ):
         return None
     active: dict[str, Any] = {
         "type": ADMISSION_CHECK_ACTIVE,
         "status": STATUS_TRUE,
         "reason": "Active",
-        "message": f"{ADMISSION_CONTROLLER_NAME} is deciding this check",
+        "message": message,
         "lastTransitionTime": current["lastTransitionTime"]
         if already_true and current is not None
         else format_time(now),
