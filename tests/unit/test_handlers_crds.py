@@ -98,14 +98,17 @@ def test_undescribed_finds_a_field_without_a_description() -> None:
     assert list(undescribed(node)) == [".a[].b"]
 
 
-def test_every_spec_field_but_attempt_is_immutable() -> None:
+def test_every_spec_field_but_the_gate_and_recovery_ones_is_immutable() -> None:
     (version,) = crds.dispatchjob_crd()["spec"]["versions"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert set(spec["properties"]) - {"attempt"} == set(crds.IMMUTABLE_FIELDS)
+    mutable = {"attempt", "readmit", "reject", "recovery"}
+    assert set(spec["properties"]) - mutable == set(crds.IMMUTABLE_FIELDS)
     rules = " ".join(rule["rule"] for rule in spec["x-kubernetes-validations"])
     for field in crds.IMMUTABLE_FIELDS:
         assert f"self.{field} == oldSelf.{field}" in rules
     assert "self.attempt >= oldSelf.attempt" in rules
+    assert "self.readmit >= oldSelf.readmit" in rules
+    assert "self.reject == oldSelf.reject" in rules
 
 
 def test_chart_values_satisfy_the_values_schema() -> None:

@@ -4,6 +4,6 @@ Importing this package registers every handler with kopf's default registry, so 
 ``kopf run -m dispatch_kubeflow.handlers`` and ``dispatch-kubeflow run`` serve the same operator.
 """
 
-from dispatch_kubeflow.handlers import adapters, jobs, startup
+from dispatch_kubeflow.handlers import adapters, jobs, recovery, startup
 
-__all__ = ["adapters", "jobs", "startup"]
+__all__ = ["adapters", "jobs", "recovery", "startup"]

@@ -273,6 +273,7 @@ class AdapterSession:
             post_event=self.post_event,
             clock=self.clock,
             default_runtime=settings.runtimes[0].name,
+            gate=settings.readmission_gate == "yes",
         )
         return AdapterConfig(settings=settings, token=None, adapter_name=self.name, store=store)
 

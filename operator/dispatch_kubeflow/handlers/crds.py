@@ -29,6 +29,7 @@ from dispatch_kubeflow.schema import (
     render_crd,
     render_yaml,
 )
+from dispatch_kubeflow.settings.models import POSITIVE_DURATION_PATTERN
 
 KIND: Final = DISPATCH_JOB_KIND
 PLURAL: Final = DISPATCH_JOBS
@@ -59,13 +60,80 @@ def _strings(description: str) -> dict[str, Any]:
     return {"type": "array", "description": description, "items": {"type": "string"}}
 
 
+# The causes a recovery policy may act on: those after which the same program can run again.
+RECOVERABLE_CAUSES: Final = (
+    Cause.PREEMPTED,
+    Cause.NODE_LOST,
+    Cause.PODS_READY_TIMEOUT,
+    Cause.NO_CAPACITY,
+    Cause.TIMEOUT,
+    Cause.OUT_OF_MEMORY,
+    Cause.PROGRAM_ERROR,
+    Cause.IMAGE_PULL,
+)
+RECOVERY_BACKOFF_DEFAULT: Final = "30s"
+RECOVERY_MAX_ATTEMPTS_DEFAULT: Final = 3
+RECOVERY_MAX_READMISSIONS_DEFAULT: Final = 3
+
+
 def _unchanged(field: str) -> dict[str, str]:
     return {
         "rule": (
             f"has(self.{field}) == has(oldSelf.{field}) && "
             f"(!has(self.{field}) || self.{field} == oldSelf.{field})"
         ),
-        "message": f"spec.{field} is immutable; only spec.attempt may change",
+        "message": (
+            f"spec.{field} is immutable; only spec.attempt, spec.readmit, spec.reject and "
+            "spec.recovery may change"
+        ),
+    }
+
+
+def _causes(description: str) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "description": description,
+        "maxItems": len(RECOVERABLE_CAUSES),
+        "x-kubernetes-list-type": "set",
+        "items": _string("A typed cause.", enum=[c.value for c in RECOVERABLE_CAUSES]),
+    }
+
+
+def _recovery_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": (
+            "What the operator does by itself when the job is disrupted; absent, it only "
+            "reports. Each decision is a Kubernetes Event and an entry of status.recovery."
+        ),
+        "properties": {
+            "readmitOn": _causes(
+                "Causes of an eviction after which the job held at the readmission gate is "
+                "readmitted (the same attempt runs again). Needs kueue.admissionCheck."
+            ),
+            "retryOn": _causes(
+                "Causes of a failed attempt after which spec.attempt is raised by one."
+            ),
+            "maxAttempts": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 100,
+                "default": RECOVERY_MAX_ATTEMPTS_DEFAULT,
+                "description": "retryOn raises spec.attempt up to this number, never past it.",
+            },
+            "maxReadmissions": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 100,
+                "default": RECOVERY_MAX_READMISSIONS_DEFAULT,
+                "description": "readmitOn readmits one attempt at most this many times.",
+            },
+            "backoff": _string(
+                "How long after the disruption a decision is carried out (a Go duration).",
+                pattern=POSITIVE_DURATION_PATTERN,
+                default=RECOVERY_BACKOFF_DEFAULT,
+            ),
+        },
     }
 
 
@@ -134,12 +202,40 @@ def _spec_schema() -> dict[str, Any]:
                 "minimum": 1,
                 "description": "Deadline of the TrainJob; past it the job fails with Timeout.",
             },
+            "readmit": {
+                "type": "integer",
+                "minimum": 0,
+                "description": (
+                    "Raise it to readmit the current attempt held at the readmission gate after "
+                    "an eviction (kueue.admissionCheck); it never goes down."
+                ),
+            },
+            "reject": _string(
+                "Set it (a reason) to turn the current attempt away at the readmission gate; "
+                "once set it cannot change.",
+                minLength=1,
+                maxLength=1024,
+            ),
+            "recovery": _recovery_schema(),
         },
         "x-kubernetes-validations": [
             *(_unchanged(field) for field in IMMUTABLE_FIELDS),
             {
                 "rule": "!has(oldSelf.attempt) || self.attempt >= oldSelf.attempt",
                 "message": "spec.attempt may only be raised",
+            },
+            {
+                "rule": (
+                    "!has(oldSelf.readmit) || (has(self.readmit) && "
+                    "self.readmit >= oldSelf.readmit)"
+                ),
+                "message": "spec.readmit may only be raised",
+            },
+            {
+                "rule": (
+                    "!has(oldSelf.reject) || (has(self.reject) && self.reject == oldSelf.reject)"
+                ),
+                "message": "spec.reject cannot change once set",
             },
         ],
     }
@@ -187,6 +283,25 @@ def _status_schema() -> dict[str, Any]:
                 "type": "array",
                 "description": "The last 50 dispatch events of the job, oldest first.",
                 "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+            "recovery": {
+                "type": "array",
+                "description": (
+                    "The recovery policy's decisions and the gate requests carried out, the "
+                    "last 20, oldest first."
+                ),
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "event": _string("The id of the dispatch event decided on."),
+                        "action": _string(
+                            "What was done.", enum=["Readmitted", "Retried", "Rejected"]
+                        ),
+                        "attempt": {"type": "integer", "description": "The attempt acted on."},
+                        "time": _string("When it was done (RFC 3339)."),
+                        "message": _string("Why, in words."),
+                    },
+                },
             },
             STATUS_REPORTED: {
                 "type": "object",

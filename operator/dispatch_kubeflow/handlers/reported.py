@@ -121,8 +121,10 @@ class DispatchJobStatusStore:
         post_event: PostEvent = _ignore,
         clock: Clock = SYSTEM_CLOCK,
         default_runtime: str = metrics.UNKNOWN_RUNTIME,
+        gate: bool = False,
     ) -> None:
         self._api = api
+        self._gate = gate
         self._namespace = namespace
         self._adapter = adapter_name
         self._request_timeout = request_timeout
@@ -258,6 +260,7 @@ class DispatchJobStatusStore:
             attempt=int(dig(current, "spec", "attempt") or 1),
             generation=dig(current, "metadata", "generation"),
             now=self._clock.now(),
+            gate=self._gate,
         )
         return {**status.to_wire(), **record_patch(attempt, record)}, new
 

@@ -43,6 +43,8 @@ TERMINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED})
 # Reasons the fold itself writes when an event carries none.
 REASON_SUBMITTED = "Submitted"
 REASON_START_FAILED = "StartFailed"
+# Admitted=False while an evicted job waits at the readmission gate.
+REASON_HELD_AT_GATE = "HeldAtGate"
 
 # The keys that identify one event; two events equal on them are the same report.
 _IDENTITY = ("type", "attempt", "trainJob", "time", "state", "cause", "reason")
@@ -109,7 +111,20 @@ def _condition(
     )
 
 
-def _conditions_for(event: Mapping[str, Any], generation: int | None) -> list[Condition]:
+def held_at_gate_message(event: Mapping[str, Any]) -> str:
+    """Why an evicted job waits at the readmission gate, and how it goes on."""
+    what = f"evicted ({event.get('cause') or 'no cause'}"
+    if event.get("reason"):
+        what += f", {event.get('reason')}: {shorten(event.get('message') or '', 512)}"
+    return (
+        f"{what}); held at the readmission gate until spec.readmit is raised, spec.reject is "
+        "set, or spec.recovery readmits it"
+    )
+
+
+def _conditions_for(
+    event: Mapping[str, Any], generation: int | None, *, gate: bool
+) -> list[Condition]:
     kind = str(event.get("type"))
     state = event.get("state")
     reason = str(event.get("reason") or kind)
@@ -123,6 +138,11 @@ def _conditions_for(event: Mapping[str, Any], generation: int | None) -> list[Co
     ]
     if kind in (EventType.ADMITTED, EventType.RUNNING):
         updates.append(_condition(JobCondition.ADMITTED, True, reason, message, generation))
+    elif kind == EventType.EVICTED and gate:
+        held = held_at_gate_message(event)
+        updates.append(
+            _condition(JobCondition.ADMITTED, False, REASON_HELD_AT_GATE, held, generation)
+        )
     elif kind in (EventType.EVICTED, EventType.SUBMITTED):
         updates.append(_condition(JobCondition.ADMITTED, False, reason, message, generation))
     return updates
@@ -135,8 +155,12 @@ def fold_event(
     attempt: int,
     generation: int | None,
     now: datetime,
+    gate: bool = False,
 ) -> DispatchJobStatus:
-    """The status after ``event``; ``attempt`` is the attempt the DispatchJob's spec asks for."""
+    """The status after ``event``; ``attempt`` is the attempt the DispatchJob's spec asks for.
+
+    ``gate``: the adapter has a readmission gate, so an eviction holds the job there.
+    """
     if is_recorded(status, event):
         return status
     events = [*status.events, bounded_event(event)][-HISTORY_LIMIT:]
@@ -152,7 +176,7 @@ def fold_event(
         "train_job": event.get("trainJob") or status.train_job,
         "observed_generation": generation,
         "conditions": set_conditions(
-            status.conditions, _conditions_for(event, generation), now=now
+            status.conditions, _conditions_for(event, generation, gate=gate), now=now
         ),
     }
     return status.model_copy(update=update)
@@ -225,13 +249,16 @@ def fold_events(
     attempt: int,
     generation: int | None,
     now: datetime,
+    gate: bool = False,
 ) -> tuple[DispatchJobStatus, list[Mapping[str, Any]]]:
     """The bounded status after ``events``, and those of them that were new to it."""
     new: list[Mapping[str, Any]] = []
     for event in events:
         if is_recorded(status, event):
             continue
-        status = fold_event(status, event, attempt=attempt, generation=generation, now=now)
+        status = fold_event(
+            status, event, attempt=attempt, generation=generation, now=now, gate=gate
+        )
         new.append(event)
     return bound(status), new
 
