@@ -165,7 +165,7 @@ async def test_dispatch_jobs_end_with_their_causes_through_the_operator(
         late = await _status_when(objects, namespace, "late", "Failed")
 
         async def all_counted() -> Samples | None:
-            samples = await scrape(memo)
+            samples = await scrape(memo.metrics_port)
             return samples if len(_finished_in(samples, namespace)) == 4 else None
 
         # The status is written before the operator counts it: wait for the counter too.

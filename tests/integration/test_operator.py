@@ -309,9 +309,9 @@ class Scene:
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-async def scrape(memo: kopf.Memo) -> Samples:
-    """The operator's /metrics, parsed by prometheus_client: value by (name, labels)."""
-    url = f"http://127.0.0.1:{memo.metrics_port}/metrics"
+async def scrape(port: int) -> Samples:
+    """The /metrics on ``port``, parsed by prometheus_client: value by (name, labels)."""
+    url = f"http://127.0.0.1:{port}/metrics"
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=WAIT).read())
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
@@ -492,7 +492,7 @@ async def test_a_dispatchjob_follows_its_trainjob_to_a_typed_failure(
         }
 
     async def counted() -> Samples | None:
-        samples = await scrape(operator_memo)
+        samples = await scrape(operator_memo.metrics_port)
         return samples if events_of(samples)["Finished"] == 1 else None
 
     samples = await eventually(counted, "the Finished event counted in /metrics")

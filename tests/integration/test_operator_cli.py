@@ -1,8 +1,9 @@
 """``dispatch-kubeflow run`` and plain ``kopf run -m dispatch_kubeflow.handlers``, as processes.
 
 Both are started the way a user would, against the test control plane's kubeconfig, and must bring
-a KubeflowAdapter to Ready. ``dispatch-kubeflow run`` must also serve the liveness endpoint, log
-JSON lines on stderr and write each dispatch event as one JSON line on the chosen stream.
+a KubeflowAdapter to Ready. ``dispatch-kubeflow run`` must also serve the liveness endpoint and
+the metrics, log JSON lines on stderr and write each dispatch event as one JSON line on the
+chosen stream.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from typing import Any
 import pytest
 
 from tests.cluster import binaries
-from tests.integration.test_operator import Scene, eventually, running_operator
+from tests.integration.test_operator import (
+    ADAPTER,
+    Scene,
+    eventually,
+    running_operator,
+    sample,
+    scrape,
+)
 
 
 def free_port() -> int:
@@ -63,10 +71,10 @@ def command(name: str) -> str:
     return found
 
 
-async def test_dispatch_kubeflow_run_serves_liveness_json_logs_and_event_lines(
+async def test_dispatch_kubeflow_run_serves_liveness_metrics_json_logs_and_event_lines(
     cluster: Any, scene: Scene, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     run = [
         command("dispatch-kubeflow"),
@@ -74,6 +82,7 @@ async def test_dispatch_kubeflow_run_serves_liveness_json_logs_and_event_lines(
         "--namespace",
         scene.namespace,
         f"--liveness=http://127.0.0.1:{port}/healthz",
+        f"--metrics-address=127.0.0.1:{metrics_port}",
         "--events-to",
         "stdout",
     ]
@@ -104,11 +113,35 @@ async def test_dispatch_kubeflow_run_serves_liveness_json_logs_and_event_lines(
         events = await eventually(piped_events, "the job's events as JSON lines on stdout")
         assert events[0]["namespace"] == scene.namespace
         assert events[0]["trainJob"] == "piped-1"
+        samples = await scrape(metrics_port)
+        submitted = {"namespace": scene.namespace, "adapter": ADAPTER, "cause": ""}
+        assert sample(samples, "dispatch_kubeflow_events_total", **submitted, type="Submitted") == 1
+        assert sample(samples, "dispatch_kubeflow_adapters", condition="Ready", status="True") == 1
 
     logs = [line for line in stderr.read_text().splitlines() if line.strip()]
     assert logs, "the operator logged nothing"
     parsed = [json.loads(line) for line in logs]  # every log line is one JSON object
     assert all("message" in entry for entry in parsed)
+
+
+async def test_dispatch_kubeflow_run_exits_1_when_its_metrics_port_is_taken(
+    cluster: Any, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = await asyncio.create_subprocess_exec(
+            command("dispatch-kubeflow"),
+            "run",
+            f"--metrics-address=127.0.0.1:{port}",
+            env=dict(os.environ, KUBECONFIG=str(cluster.kubeconfig)),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(60):
+            _, stderr = await run.communicate()
+    assert run.returncode == 1
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in stderr.decode()
 
 
 async def test_plain_kopf_run_of_the_handlers_module_serves_adapters(

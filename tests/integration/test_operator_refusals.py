@@ -54,7 +54,7 @@ async def test_item10_and_item15_refused_starts_fail_with_a_cause(
         }
 
     async def counted() -> dict[str, float | None] | None:
-        samples = await scrape(operator_memo)
+        samples = await scrape(operator_memo.metrics_port)
         found = {
             cause: sample(samples, "dispatch_kubeflow_jobs_finished_total", **labels)
             for cause, labels in (

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from typing import Final
 
-from dispatch_kubeflow.metrics import address_argument
+from dispatch_kubeflow.metrics import address_argument, serve_metrics
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
@@ -81,17 +82,24 @@ def run(args: argparse.Namespace) -> int:
     import dispatch_kubeflow.handlers  # noqa: F401  (registers the handlers)
     from dispatch_kubeflow.handlers.registry import EventLines
 
+    server = None
+    if args.metrics_address:
+        try:
+            server = serve_metrics(args.metrics_address)
+        except OSError as error:
+            print(f"dispatch-kubeflow run: cannot serve metrics on {args.metrics_address}: {error}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     configure_logging(args.log_level, args.log_format)
+    memo = kopf.Memo(event_lines=EventLines(args.events_to), metrics_server=server)
     namespaces: list[str] = list(args.namespaces)
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(
-            event_lines=EventLines(args.events_to), metrics_address=args.metrics_address
-        ),
+        memo=memo,
     )
     return 0

@@ -58,13 +58,22 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 
 def serve_metrics(memo: kopf.Memo) -> None:
-    """Serve the metrics, reading the open adapters of this operator, if an address is given."""
+    """Serve the metrics, reading the open adapters of this operator, if an address is given.
+
+    ``dispatch-kubeflow run`` binds the server before kopf starts (``metrics_server`` in the
+    memo), so a port in use is a plain error; under ``kopf run`` it is bound here.
+    """
+    server: metrics.MetricsServer | None = memo.get("metrics_server")
     address = memo.get("metrics_address") or os.environ.get(METRICS_ADDRESS_ENV)
-    if not address or "metrics_server" in memo:
+    if server is None and address:
+        try:
+            server = metrics.serve_metrics(address)
+        except OSError as error:  # a port in use is not fixed by retrying: stop the operator
+            raise kopf.PermanentError(f"cannot serve metrics on {address}: {error}") from error
+        memo.metrics_server = server
+    if server is None or "metrics_unwatch" in memo:
         return
-    server = metrics.serve_metrics(address)
     registry: AdapterRegistry = memo.registry
-    memo.metrics_server = server
     memo.metrics_port = server.port
     memo.metrics_unwatch = metrics.watch_adapters(lambda: dict(registry.adapters))
 
@@ -82,9 +91,11 @@ async def release(memo: kopf.Memo, **_: Any) -> None:
     lines = memo.get("event_lines")
     if lines is not None:
         lines.close()
+    unwatch = memo.pop("metrics_unwatch", None)
+    if unwatch is not None:
+        unwatch()
     server = memo.pop("metrics_server", None)
     if server is not None:
-        memo.pop("metrics_unwatch")()
         server.close()
 
 
