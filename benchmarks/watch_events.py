@@ -124,6 +124,11 @@ def cond(type_: str, reason: str, at: datetime | None = None) -> dict[str, Any]:
     }
 
 
+def workload_name(trainjob: str) -> str:
+    """The name Kueue gives a TrainJob's Workload (its hash suffix fixed here)."""
+    return f"trainjob-{trainjob}-abcde"
+
+
 class Where(TypedDict):
     """Where a namespaced custom object lives: the keyword arguments of CustomObjectsApi."""
 
@@ -151,7 +156,6 @@ class Cluster:
 
     async def create_job(self, job: str) -> None:
         tj_where = self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs")
-        pod_spec = {"restartPolicy": "Never", "containers": [{"name": "node", "image": "x:1"}]}
         tj = await self.custom.create_namespaced_custom_object(
             body={
                 "apiVersion": f"{constants.TRAINER_GROUP}/{constants.TRAINER_VERSION}",
@@ -165,19 +169,35 @@ class Cluster:
             },
             **tj_where,
         )
+        await self.create_children(tj)
+
+    async def create_children(
+        self, tj: dict[str, Any], workload_only: bool = False, with_workload: bool = True
+    ) -> None:
+        """What Kueue and Trainer make for a TrainJob: its Workload, its JobSet and one pod."""
         meta = tj["metadata"]
+        pod_spec = {"restartPolicy": "Never", "containers": [{"name": "node", "image": "x:1"}]}
+        if with_workload:
+            await self._create_workload(tj, pod_spec)
+        if workload_only:
+            return
+        await self._create_jobset_and_pod(meta, pod_spec)
+
+    async def _create_workload(self, tj: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+        meta = tj["metadata"]
+        name = meta["name"]
         await self.custom.create_namespaced_custom_object(
             body={
                 "apiVersion": f"{constants.KUEUE_GROUP}/{constants.KUEUE_VERSION}",
                 "kind": "Workload",
                 "metadata": {
-                    "name": f"trainjob-{job}-1-abcde",
+                    "name": workload_name(name),
                     "labels": {constants.LABEL_KUEUE_JOB_UID: meta["uid"]},
                     "ownerReferences": [
                         {
                             "apiVersion": tj["apiVersion"],
                             "kind": "TrainJob",
-                            "name": meta["name"],
+                            "name": name,
                             "uid": meta["uid"],
                             "controller": True,
                         }
@@ -190,11 +210,15 @@ class Cluster:
             },
             **self.where(constants.KUEUE_GROUP, constants.KUEUE_VERSION, "workloads"),
         )
+
+    async def _create_jobset_and_pod(self, meta: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+        name = meta["name"]
+        labels = {k: v for k, v in meta["labels"].items() if k != constants.LABEL_QUEUE_NAME}
         await self.custom.create_namespaced_custom_object(
             body={
                 "apiVersion": f"{constants.JOBSET_GROUP}/{constants.JOBSET_VERSION}",
                 "kind": "JobSet",
-                "metadata": {"name": f"{job}-1", "labels": self.labels(job)},
+                "metadata": {"name": name, "labels": labels},
                 "spec": {
                     "replicatedJobs": [
                         {
@@ -211,8 +235,8 @@ class Cluster:
             self.ns,
             client.V1Pod(
                 metadata=client.V1ObjectMeta(
-                    name=f"{job}-1-node-0-0",
-                    labels={**self.labels(job), constants.LABEL_RESTART_ATTEMPT: "0"},
+                    name=f"{name}-node-0-0",
+                    labels={**labels, constants.LABEL_RESTART_ATTEMPT: "0"},
                 ),
                 spec=client.V1PodSpec(
                     restart_policy="Never",
@@ -221,26 +245,27 @@ class Cluster:
             ),
         )
 
-    async def _status(self, where: Where, name: str, status: dict[str, Any]) -> None:
+    async def _status(self, where: Where, name: str, status: dict[str, Any]) -> str:
         patch: Callable[..., Awaitable[Any]] = self.custom.patch_namespaced_custom_object_status
-        await patch(name=name, body={"status": status}, _content_type=MERGE, **where)
+        written = await patch(name=name, body={"status": status}, _content_type=MERGE, **where)
+        return str(written["metadata"]["resourceVersion"])
 
-    async def transition(self, job: str, step: str, admitted_at: datetime) -> None:
+    async def transition(self, job: str, step: str, admitted_at: datetime) -> str:
+        """Write one transition; returns the resourceVersion of the write that makes its event."""
         wl_where = self.where(constants.KUEUE_GROUP, constants.KUEUE_VERSION, "workloads")
-        workload = f"trainjob-{job}-1-abcde"
+        tj_where = self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs")
+        workload = workload_name(f"{job}-1")
         if step == "Admitted":
-            # Kueue admits the Workload, then unsuspends the TrainJob.
-            await self._status(
+            # Kueue admits the Workload (the event's write), then unsuspends the TrainJob.
+            written = await self._status(
                 wl_where, workload, {"conditions": [cond("Admitted", "Admitted", admitted_at)]}
             )
             patch: Callable[..., Awaitable[Any]] = self.custom.patch_namespaced_custom_object
             await patch(
-                name=f"{job}-1",
-                body={"spec": {"suspend": False}},
-                _content_type=MERGE,
-                **self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs"),
+                name=f"{job}-1", body={"spec": {"suspend": False}}, _content_type=MERGE, **tj_where
             )
-        elif step == "Running":
+            return written
+        if step == "Running":
             container = {
                 "name": "node",
                 "image": "x:1",
@@ -249,16 +274,17 @@ class Cluster:
                 "restartCount": 0,
                 "state": {"running": {"startedAt": now()}},
             }
-            await self.core.patch_namespaced_pod_status(
+            pod = await self.core.patch_namespaced_pod_status(
                 f"{job}-1-node-0-0",
                 self.ns,
                 {"status": {"phase": "Running", "containerStatuses": [container]}},
             )
-        elif step == "Restarted":
+            return str(pod.metadata.resource_version)
+        if step == "Restarted":
             where = self.where(constants.JOBSET_GROUP, constants.JOBSET_VERSION, "jobsets")
-            await self._status(where, f"{job}-1", {"restarts": 1})
-        elif step == "Evicted":
-            await self._status(
+            return await self._status(where, f"{job}-1", {"restarts": 1})
+        if step == "Evicted":
+            return await self._status(
                 wl_where,
                 workload,
                 {
@@ -268,11 +294,11 @@ class Cluster:
                     ]
                 },
             )
-        elif step == "Finished":
-            where = self.where(constants.TRAINER_GROUP, constants.TRAINER_VERSION, "trainjobs")
-            await self._status(
-                where, f"{job}-1", {"conditions": [cond("Complete", "AllJobsCompleted")]}
+        if step == "Finished":
+            return await self._status(
+                tj_where, f"{job}-1", {"conditions": [cond("Complete", "AllJobsCompleted")]}
             )
+        raise ValueError(f"no transition {step!r}")
 
 
 class Events:

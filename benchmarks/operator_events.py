@@ -1,0 +1,712 @@
+"""What a user of the operator sees: upstream transitions on DispatchJobs, beside a bare watch.
+
+    python3 benchmarks/operator_events.py                       # 2,000 jobs, 10,000 transitions
+    python3 benchmarks/operator_events.py --jobs 100            # a quick run
+    python3 benchmarks/operator_events.py --rate 50             # paced: 50 transitions a second
+    python3 benchmarks/operator_events.py --profile /tmp/prof   # py-spy on the operator meanwhile
+
+It starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no controllers)
+in a temporary folder, with an audit log of the operator's own identity. Four processes then
+share the machine:
+
+- the operator, ``dispatch-kubeflow run --namespace NS`` (kopf with the project's handlers),
+  as its own user, serving one KubeflowAdapter in Kueue mode;
+- a bare watcher (the floor): a LIST+WATCH of TrainJobs, Workloads, JobSets and pods with
+  kubernetes_asyncio that only parses each line and notes when it saw each resourceVersion;
+- an observer: a LIST+WATCH of DispatchJobs noting when each event type first shows in a
+  DispatchJob's ``status.events``, as ``kubectl get dj -w`` would show it;
+- this process, which plays Kueue, Trainer and JobSet: it creates the DispatchJobs, gives each
+  TrainJob the operator creates a Workload, a JobSet and one pod, writes five transitions per
+  job as ``watch_events.py`` does (Admitted, Running, Restarted, Evicted, Finished), then
+  deletes the DispatchJobs and, as the garbage collector would, the children of each deleted
+  TrainJob.
+
+Printed, as JSON: for each transition, the latency from just before the upstream write that makes
+the event to the DispatchJob status showing it (p50, p99, max), beside the floor's (the bare
+watcher seeing that write) and the difference; the operator's API requests by verb and resource
+(from the audit log) per job created, per transition and per job deleted; the operator's peak
+resident memory and resident memory after each round; its CPU seconds per 1,000 transitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.watch_events import (  # noqa: E402
+    ADAPTER,
+    TRANSITIONS,
+    Cluster,
+    Events,
+    progress,
+    workload_name,
+)
+from kubernetes_asyncio import client, config  # noqa: E402
+from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
+
+from dispatch_kubeflow import constants  # noqa: E402
+from tests.cluster import binaries  # noqa: E402
+from tests.cluster.controlplane import ControlPlane  # noqa: E402
+
+OPERATOR_USER = "dispatch-operator"
+RUNTIME: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
+UPSTREAM = ("trainjobs", "workloads", "jobsets", "pods")
+# Watches end server-side well before aiohttp's default 5-minute total timeout.
+WATCH_SECONDS = 240
+PHASE_LIMIT = 900.0
+RETRIES = 5
+DELETED = "Deleted"
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    users: [%s]
+  - level: None
+"""
+
+
+# --- the control plane, with the operator's requests audited -----------------------------------
+
+
+class AuditedControlPlane(ControlPlane):
+    """The test control plane, logging every request of ``OPERATOR_USER`` (metadata only)."""
+
+    @property
+    def audit_log(self) -> Path:
+        return self.run_dir / "logs" / "audit.log"
+
+    def _apiserver_args(self) -> list[str]:
+        policy = self.run_dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY % OPERATOR_USER)
+        return [
+            *super()._apiserver_args(),
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+        ]
+
+
+@contextlib.contextmanager
+def control_plane() -> Iterator[AuditedControlPlane]:
+    binaries.build()
+    with tempfile.TemporaryDirectory(prefix="control-plane-") as run_dir:
+        plane = AuditedControlPlane(Path(run_dir))
+        (plane.run_dir / "logs").mkdir(parents=True)
+        plane.start()
+        try:
+            yield plane
+        finally:
+            plane.stop()
+
+
+def audited_requests(log: Path) -> list[tuple[float, str]]:
+    """(time received, "verb resource[/subresource]") of each completed request in the log."""
+    found: list[tuple[float, str]] = []
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("stage") != "ResponseComplete":
+            continue
+        ref = entry.get("objectRef") or {}
+        what = ref.get("resource") or entry.get("requestURI", "?")
+        if ref.get("subresource"):
+            what += "/" + ref["subresource"]
+        at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        found.append((at.timestamp(), f"{entry['verb']} {what}"))
+    return found
+
+
+# --- watching with no processing: the floor and the observer -----------------------------------
+
+
+def lister(api: client.ApiClient, namespace: str, plural: str) -> Callable[..., Awaitable[Any]]:
+    if plural == "pods":
+        return partial(client.CoreV1Api(api).list_namespaced_pod, namespace)
+    group, version = {
+        "trainjobs": (constants.TRAINER_GROUP, constants.TRAINER_VERSION),
+        "workloads": (constants.KUEUE_GROUP, constants.KUEUE_VERSION),
+        "jobsets": (constants.JOBSET_GROUP, constants.JOBSET_VERSION),
+        "dispatchjobs": (constants.GROUP, constants.VERSION),
+    }[plural]
+    objects = client.CustomObjectsApi(api)
+    return partial(objects.list_namespaced_custom_object, group, version, namespace, plural)
+
+
+class RetryingClient(client.ApiClient):
+    """The benchmark's client: a request dropped with its connection is sent again.
+
+    The apiserver closes idle keep-alive connections; a request aiohttp sends on one as it closes
+    fails with ``ServerDisconnectedError`` before the apiserver saw it.
+    """
+
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        for _ in range(RETRIES - 1):
+            try:
+                return await super().request(*args, **kwargs)
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.1)
+        return await super().request(*args, **kwargs)
+
+
+async def api_client(kubeconfig: Path | str) -> client.ApiClient:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return RetryingClient(configuration)
+
+
+Seen = Callable[[str, dict[str, Any]], None]
+SeenOf = Callable[[str, str, dict[str, Any]], None]
+
+
+async def follow(list_fn: Callable[..., Awaitable[Any]], seen: Seen, listed: asyncio.Event) -> None:
+    """LIST, then WATCH from there for ever, handing each (type, object) to ``seen`` as parsed."""
+    response = await list_fn(_preload_content=False)
+    body = json.loads(await response.read())
+    for item in body["items"]:
+        seen("ADDED", item)
+    version = body["metadata"]["resourceVersion"]
+    listed.set()
+    while True:
+        response = await list_fn(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            _preload_content=False,
+        )
+        pending = b""
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with response:
+                async for chunk in response.content.iter_any():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        version = event["object"]["metadata"]["resourceVersion"]
+                        if event["type"] != "BOOKMARK":
+                            seen(event["type"], event["object"])
+
+
+async def watch_until_stopped(
+    kubeconfig: str, namespace: str, plurals: tuple[str, ...], seen: SeenOf, ready: Any, stop: Any
+) -> None:
+    api = await api_client(kubeconfig)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    threading.Thread(
+        target=lambda: (stop.wait(), loop.call_soon_threadsafe(stopping.set)), daemon=True
+    ).start()
+    listed = [asyncio.Event() for _ in plurals]
+    tasks = [
+        asyncio.create_task(follow(lister(api, namespace, plural), partial(seen, plural), flag))
+        for plural, flag in zip(plurals, listed, strict=True)
+    ]
+    await asyncio.gather(*(flag.wait() for flag in listed))
+    ready.set()
+    await stopping.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await api.close()
+
+
+def floor(kubeconfig: str, namespace: str, out: Any, ready: Any, stop: Any) -> None:
+    """The bare watcher: when it saw each (plural, name, resourceVersion), sent back at the end."""
+    arrived: dict[tuple[str, str, str], float] = {}
+
+    def seen(plural: str, _type: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        arrived.setdefault((plural, meta["name"], meta["resourceVersion"]), time.time())
+
+    asyncio.run(watch_until_stopped(kubeconfig, namespace, UPSTREAM, seen, ready, stop))
+    out.put(arrived)
+
+
+def observe(kubeconfig: str, namespace: str, out: Any, ready: Any, stop: Any) -> None:
+    """The user's view: when each event type first shows in a DispatchJob's status."""
+    shown: dict[str, set[str]] = {}
+
+    def seen(_plural: str, type_: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if type_ == "DELETED":
+            out.put((name, DELETED, time.time()))
+            return
+        events = (obj.get("status") or {}).get("events") or []
+        known = shown.setdefault(name, set())
+        for event_type in {e.get("type") for e in events} - known:
+            known.add(event_type)
+            out.put((name, event_type, time.time()))
+
+    plurals = ("dispatchjobs",)
+    asyncio.run(watch_until_stopped(kubeconfig, namespace, plurals, seen, ready, stop))
+    out.put(("__done__", {}, 0))
+
+
+# --- the operator, in its own process ----------------------------------------------------------
+
+
+class Operator:
+    """``dispatch-kubeflow run`` for one namespace, as its own user; its memory and CPU."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        command = shutil.which("dispatch-kubeflow") or str(
+            Path(sys.executable).parent / "dispatch-kubeflow"
+        )
+        self._log = log.open("wb")
+        self.process = subprocess.Popen(
+            [command, "run", "--namespace", namespace, "--events-to", "none"],
+            env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+
+    def _status(self, field: str) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise LookupError(field)
+
+    def peak_rss_mib(self) -> float:
+        return round(self._status("VmHWM") / 1024, 1)
+
+    def rss_mib(self) -> float:
+        return round(self._status("VmRSS") / 1024, 1)
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+class Profiler:
+    """py-spy sampling the operator (without pausing it) while a phase runs."""
+
+    def __init__(self, pid: int, output: Path) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("py-spy", "record", "--nonblocking", "--format", "raw"),
+                *("--pid", str(pid), "--output", str(output)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(60)
+
+
+# --- the scene ---------------------------------------------------------------------------------
+
+
+async def prepare(kubeconfig: Path, namespace: str) -> None:
+    """The namespace, the runtime, a live admission Lease and the KubeflowAdapter serving it."""
+    api = await api_client(kubeconfig)
+    try:
+        await client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
+        objects: Any = client.CustomObjectsApi(api)
+        with contextlib.suppress(ApiException):
+            await objects.create_cluster_custom_object(
+                constants.TRAINER_GROUP,
+                constants.TRAINER_VERSION,
+                "clustertrainingruntimes",
+                RUNTIME,
+            )
+        leases: Any = client.CoordinationV1Api(api)
+        await leases.create_namespaced_lease(
+            namespace,
+            {
+                "metadata": {"name": "dispatch-admission"},
+                "spec": {
+                    "holderIdentity": "bench",
+                    "leaseDurationSeconds": 86400,
+                    "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                },
+            },
+        )
+        runtime = {"kind": "ClusterTrainingRuntime", "name": RUNTIME["metadata"]["name"]}
+        spec = {
+            "namespace": namespace,
+            "runtimes": [runtime],
+            "kueue": {
+                "localQueue": "bench",
+                "admissionLease": {"namespace": namespace, "name": "dispatch-admission"},
+            },
+        }
+        await objects.create_namespaced_custom_object(
+            constants.GROUP,
+            constants.VERSION,
+            namespace,
+            "kubeflowadapters",
+            {
+                "apiVersion": f"{constants.GROUP}/{constants.VERSION}",
+                "kind": "KubeflowAdapter",
+                "metadata": {"name": ADAPTER},
+                "spec": spec,
+            },
+        )
+    finally:
+        await api.close()
+
+
+async def adapter_ready(api: client.ApiClient, namespace: str, limit: float = 120.0) -> None:
+    objects: Any = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        body = await objects.get_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, "kubeflowadapters", ADAPTER
+        )
+        conditions = (body.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"KubeflowAdapter {ADAPTER} not Ready: {body.get('status')}")
+
+
+@contextlib.asynccontextmanager
+async def conflict_tolerated() -> AsyncIterator[None]:
+    """A create or delete sent again after a dropped connection may find it already done."""
+    try:
+        yield
+    except ApiException as error:
+        if error.status not in (404, 409):
+            raise
+
+
+class Player:
+    """Kueue, Trainer, JobSet and the garbage collector, for the TrainJobs the operator makes."""
+
+    def __init__(self, cluster: Cluster, concurrency: int) -> None:
+        self.cluster = cluster
+        self.gate = asyncio.Semaphore(concurrency)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.failures: list[BaseException] = []
+
+    def seen(self, type_: str, obj: dict[str, Any]) -> None:
+        if type_ == "ADDED":
+            probe = obj["metadata"].get("labels", {}).get(constants.LABEL_PROBE) == "true"
+            self._spawn(self.cluster.create_children(obj, workload_only=probe))
+        elif type_ == "DELETED":
+            self._spawn(self._collect(obj["metadata"]["name"]))
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def gated() -> None:
+            async with self.gate:
+                try:
+                    await work
+                except ApiException as error:
+                    # A retried create that had gone through, or a child already collected.
+                    if error.status not in (404, 409):
+                        self.failures.append(error)
+                except Exception as error:  # reported when the round ends
+                    self.failures.append(error)
+
+        task = asyncio.create_task(gated())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _collect(self, trainjob: str) -> None:
+        cluster = self.cluster
+        for plural, name in (("workloads", workload_name(trainjob)), ("jobsets", trainjob)):
+            group = constants.KUEUE_GROUP if plural == "workloads" else constants.JOBSET_GROUP
+            version = constants.KUEUE_VERSION if plural == "workloads" else constants.JOBSET_VERSION
+            with contextlib.suppress(ApiException):
+                await cluster.custom.delete_namespaced_custom_object(
+                    name=name, **cluster.where(group, version, plural)
+                )
+        with contextlib.suppress(ApiException):
+            await cluster.core.delete_namespaced_pod(f"{trainjob}-node-0-0", cluster.ns)
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50": round(1000 * statistics.median(ordered), 1),
+        "p99": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 1),
+        "max": round(1000 * ordered[-1], 1),
+    }
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, plane: AuditedControlPlane) -> None:
+        self.args = args
+        self.plane = plane
+        self.namespace = args.namespace
+        self.marks: dict[str, list[tuple[float, float]]] = {
+            "create": [],
+            "transition": [],
+            "delete": [],
+        }
+        # (job, transition): when its write began, and the (plural, name, resourceVersion) written.
+        self.written: dict[tuple[str, str], tuple[float, tuple[str, str, str]]] = {}
+        self.rss_after_rounds: list[float] = []
+        self.transition_cpu = 0.0
+        self.create_seconds = 0.0
+        self.delete_seconds = 0.0
+        self.duplicates = 0
+
+    async def drive(self, operator: Operator, events: Events) -> None:
+        api = await api_client(self.plane.kubeconfig)
+        cluster = Cluster(api, self.namespace)
+        player = Player(cluster, self.args.concurrency)
+        listed = asyncio.Event()
+        playing = asyncio.create_task(
+            follow(lister(api, self.namespace, "trainjobs"), player.seen, listed)
+        )
+        await listed.wait()
+        await adapter_ready(api, self.namespace)
+        progress("the KubeflowAdapter is Ready")
+        try:
+            for round_ in range(self.args.rounds):
+                names = [f"r{round_}-job{i:05d}" for i in range(self.args.jobs)]
+                await self.create(cluster, names, events)
+                await self.transitions(cluster, names, events, operator)
+                await self.count_duplicates(api)
+                await self.delete(cluster, names, events)
+                self.rss_after_rounds.append(operator.rss_mib())
+                progress(f"round {round_ + 1}: operator RSS {self.rss_after_rounds[-1]} MiB")
+            if player.failures:
+                raise player.failures[0]
+        finally:
+            playing.cancel()
+            await asyncio.gather(playing, return_exceptions=True)
+            await api.close()
+
+    async def create(self, cluster: Cluster, names: list[str], events: Events) -> None:
+        gate = asyncio.Semaphore(self.args.concurrency)
+        objects: Any = cluster.custom
+
+        async def one(name: str) -> None:
+            async with gate, conflict_tolerated():
+                await objects.create_namespaced_custom_object(
+                    constants.GROUP,
+                    constants.VERSION,
+                    self.namespace,
+                    "dispatchjobs",
+                    {
+                        "apiVersion": f"{constants.GROUP}/{constants.VERSION}",
+                        "kind": "DispatchJob",
+                        "metadata": {"name": name},
+                        "spec": {"adapter": ADAPTER, "image": "trainer:1", "numNodes": 1},
+                    },
+                )
+
+        began = time.time()
+        await asyncio.gather(*(one(name) for name in names))
+        await events.wait([(name, "Submitted") for name in names], limit=PHASE_LIMIT)
+        self.marks["create"].append((began, time.time()))
+        self.create_seconds += time.time() - began
+        progress(f"created {len(names)} DispatchJobs, all Submitted, in {time.time() - began:.1f}s")
+
+    async def transitions(
+        self, cluster: Cluster, names: list[str], events: Events, operator: Operator
+    ) -> None:
+        rate = self.args.rate
+        gate = asyncio.Semaphore(self.args.concurrency)
+        admitted_at = datetime.now(UTC).replace(microsecond=0)
+        written = ("workloads", "pods", "jobsets", "workloads", "trainjobs")
+        plurals = dict(zip(TRANSITIONS, written, strict=True))
+
+        async def step(job: str, type_: str, at: float) -> None:
+            if rate:
+                await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            async with gate:
+                began = time.time()
+                version = await cluster.transition(job, type_, admitted_at)
+            name = {
+                "workloads": workload_name(f"{job}-1"),
+                "pods": f"{job}-1-node-0-0",
+            }.get(plurals[type_], f"{job}-1")
+            self.written[(job, type_)] = (began, (plurals[type_], name, version))
+
+        profiler = None
+        if self.args.profile and not self.marks["transition"]:
+            self.args.profile.mkdir(parents=True, exist_ok=True)
+            profiler = Profiler(operator.process.pid, self.args.profile / "transitions.txt")
+        cpu, began = operator.cpu_seconds(), time.time()
+        for type_ in TRANSITIONS:
+            start = time.perf_counter()
+            await asyncio.gather(
+                *(
+                    step(job, type_, start + i / rate if rate else 0.0)
+                    for i, job in enumerate(names)
+                )
+            )
+            await events.wait([(job, type_) for job in names], limit=PHASE_LIMIT)
+            progress(f"{type_}: all {len(names)} on the DispatchJobs")
+        self.marks["transition"].append((began, time.time()))
+        self.transition_cpu += operator.cpu_seconds() - cpu
+        if profiler is not None:
+            profiler.stop()
+
+    async def count_duplicates(self, api: client.ApiClient) -> None:
+        """Event types shown twice in one DispatchJob's history (each must show once)."""
+        listed = await client.CustomObjectsApi(api).list_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, self.namespace, "dispatchjobs"
+        )
+        for item in listed["items"]:
+            counts = Counter(e["type"] for e in (item.get("status") or {}).get("events") or [])
+            self.duplicates += sum(n - 1 for n in counts.values())
+
+    async def delete(self, cluster: Cluster, names: list[str], events: Events) -> None:
+        gate = asyncio.Semaphore(self.args.concurrency)
+        objects: Any = cluster.custom
+
+        async def one(name: str) -> None:
+            async with gate, conflict_tolerated():
+                await objects.delete_namespaced_custom_object(
+                    constants.GROUP, constants.VERSION, self.namespace, "dispatchjobs", name
+                )
+
+        began = time.time()
+        await asyncio.gather(*(one(name) for name in names))
+        await events.wait([(name, DELETED) for name in names], limit=PHASE_LIMIT)
+        self.marks["delete"].append((began, time.time()))
+        self.delete_seconds += time.time() - began
+        progress(f"deleted {len(names)} DispatchJobs, all gone, in {time.time() - began:.1f}s")
+
+    def latencies(self, events: Events, seen: dict[tuple[str, str, str], float]) -> dict[str, Any]:
+        shown: list[float] = []
+        floor_: list[float] = []
+        for key, (began, write) in self.written.items():
+            shown.append(events.arrived[key] - began)
+            floor_.append(seen[write] - began)
+        operator, bare = percentiles(shown), percentiles(floor_)
+        return {
+            "dispatchjob_status": operator,
+            "floor_bare_watch": bare,
+            "difference": {k: round(operator[k] - bare[k], 1) for k in operator},
+        }
+
+    def requests(self) -> dict[str, Any]:
+        total = self.args.jobs * self.args.rounds
+        per = {"create": total, "transition": len(self.written), "delete": total}
+        counted: dict[str, Counter[str]] = {phase: Counter() for phase in self.marks}
+        for at, what in audited_requests(self.plane.audit_log):
+            for phase, windows in self.marks.items():
+                if any(a <= at < b for a, b in windows):
+                    counted[phase][what] += 1
+        return {
+            f"per_{'job_created' if p == 'create' else 'job_deleted' if p == 'delete' else p}": {
+                what: round(n / per[p], 3) for what, n in sorted(counted[p].items())
+            }
+            for p in self.marks
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000, help="DispatchJobs per round")
+    parser.add_argument("--rounds", type=int, default=1, help="create, transition, delete rounds")
+    parser.add_argument("--concurrency", type=int, default=16, help="writes in flight")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="transitions written per second (0: as fast as possible)",
+    )
+    parser.add_argument("--profile", type=Path, help="record py-spy's raw stacks here")
+    parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
+    parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    context = multiprocessing.get_context("spawn")
+    with control_plane() as plane:
+        asyncio.run(prepare(plane.kubeconfig, args.namespace))
+        admin = str(plane.kubeconfig)
+        stop = context.Event()
+        floor_out, floor_ready = context.Queue(), context.Event()
+        shown_out, shown_ready = context.Queue(), context.Event()
+        watchers = [
+            context.Process(
+                target=floor, args=(admin, args.namespace, floor_out, floor_ready, stop)
+            ),
+            context.Process(
+                target=observe, args=(admin, args.namespace, shown_out, shown_ready, stop)
+            ),
+        ]
+        for watcher in watchers:
+            watcher.start()
+        assert floor_ready.wait(60), "the bare watcher did not list"
+        assert shown_ready.wait(60), "the observer did not list"
+        events = Events(shown_out)
+        operator_config = plane.kubeconfig_for(OPERATOR_USER, ["system:masters"])
+        operator = Operator(
+            operator_config, args.namespace, args.operator_log or plane.run_dir / "operator.log"
+        )
+        run = Run(args, plane)
+        try:
+            asyncio.run(run.drive(operator, events))
+            peak = operator.peak_rss_mib()
+        finally:
+            operator.stop()
+            stop.set()
+            seen: dict[tuple[str, str, str], float] = floor_out.get(timeout=60)
+            events.join()
+            for watcher in watchers:
+                watcher.join(timeout=60)
+        transitions = len(run.written)
+        result = {
+            "jobs": args.jobs,
+            "rounds": args.rounds,
+            "transitions": transitions,
+            "rate_limit_per_second": args.rate or None,
+            "create_seconds": round(run.create_seconds, 1),
+            "starts_per_second": round(args.jobs * args.rounds / run.create_seconds, 1),
+            "transition_seconds": round(sum(b - a for a, b in run.marks["transition"]), 1),
+            "delete_seconds": round(run.delete_seconds, 1),
+            "latency_ms": run.latencies(events, seen),
+            "operator_requests": run.requests(),
+            "operator_peak_rss_mib": peak,
+            "operator_rss_mib_after_each_round": run.rss_after_rounds,
+            "operator_cpu_seconds_per_1000_transitions": round(
+                1000 * run.transition_cpu / transitions, 2
+            ),
+            "duplicate_events": run.duplicates,
+        }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
