@@ -494,7 +494,11 @@ def run_admission(args: argparse.Namespace) -> int:
         report(f"{PROG} admission: {exc}")
         return EXIT_USAGE
     cluster = Cluster(kubeconfig=args.kubeconfig, context=args.context)
-    server = serve_metrics(args.metrics_address) if args.metrics_address else None
+    try:
+        server = serve_metrics(args.metrics_address) if args.metrics_address else None
+    except OSError as exc:
+        report(f"{PROG} admission: cannot serve metrics on {args.metrics_address}: {exc}")
+        return EXIT_REFUSED
     try:
         asyncio.run(_admit_until_signalled(cfg, cluster, args.health_address))
     except ErrUnsupported as exc:

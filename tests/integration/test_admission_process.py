@@ -1,5 +1,5 @@
 """``python -m dispatch_kubeflow.admission`` as a process: it leads, decides, answers its health
-endpoint, logs JSON lines, and on SIGTERM releases its Lease and exits 0."""
+endpoint and its metrics, logs JSON lines, and on SIGTERM releases its Lease and exits 0."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -25,6 +26,7 @@ from tests.integration.test_admission import (
     running,
 )
 from tests.integration.test_admission import scene as scene  # the fixture
+from tests.integration.test_operator import Samples, sample, scrape
 
 
 async def get_json(url: str) -> tuple[int, dict[str, Any]]:
@@ -33,12 +35,15 @@ async def get_json(url: str) -> tuple[int, dict[str, Any]]:
 
 
 async def test_the_module_runs_leads_decides_and_releases_on_sigterm(
-    cluster: Any, kube_api: client.ApiClient, namespace: str, unused_tcp_port: int
+    cluster: Any,
+    kube_api: client.ApiClient,
+    namespace: str,
+    unused_tcp_port_factory: Callable[[], int],
 ) -> None:
     scene = Scene(kube_api, namespace)
     await scene.create_admission_check()
     await scene.serve()
-    port = unused_tcp_port
+    port, metrics_port = unused_tcp_port_factory(), unused_tcp_port_factory()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -53,6 +58,8 @@ async def test_the_module_runs_leads_decides_and_releases_on_sigterm(
         LEASE,
         "--health-address",
         f"127.0.0.1:{port}",
+        "--metrics-address",
+        f"127.0.0.1:{metrics_port}",
         "--identity",
         "process",
         "--lease-duration=2",
@@ -69,6 +76,14 @@ async def test_the_module_runs_leads_decides_and_releases_on_sigterm(
         status, ready = await get_json(f"http://127.0.0.1:{port}/readyz")
         assert (status, ready["ready"], ready["leading"]) == (200, True, True)
         assert namespace in ready["served"]
+
+        async def decided() -> Samples | None:  # counted once the write has returned
+            samples = await scrape(metrics_port)
+            ready = sample(samples, "dispatch_kubeflow_admission_decisions_total", verdict="Ready")
+            return samples if ready == 1 else None
+
+        samples = await eventually(decided, "the Ready decision counted in /metrics")
+        assert sample(samples, "dispatch_kubeflow_admission_leader") == 1
 
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(WAIT):
