@@ -37,12 +37,18 @@ def policy_rule(rule: Mapping[str, Any]) -> client.V1PolicyRule:
 
 @contextlib.asynccontextmanager
 async def user_with_rules(
-    cluster: Any, kube_api: client.ApiClient, rules: list[dict[str, Any]], prefix: str
+    cluster: Any,
+    kube_api: client.ApiClient,
+    rules: list[dict[str, Any]],
+    prefix: str,
+    roles: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> AsyncIterator[Path]:
-    """Bind `rules` (PolicyRules) to a new user; yield that user's kubeconfig."""
+    """Bind `rules` (PolicyRules) cluster-wide and each of `roles` (namespace to PolicyRules) in
+    its namespace to a new user; yield that user's kubeconfig."""
     user = f"{prefix}-{secrets.token_hex(3)}"
     rbac = client.RbacAuthorizationV1Api(kube_api)
     metadata = client.V1ObjectMeta(name=user)
+    subjects = [client.RbacV1Subject(api_group=RBAC_GROUP, kind="User", name=user)]
     await rbac.create_cluster_role(
         client.V1ClusterRole(metadata=metadata, rules=[policy_rule(rule) for rule in rules])
     )
@@ -50,11 +56,27 @@ async def user_with_rules(
         client.V1ClusterRoleBinding(
             metadata=metadata,
             role_ref=client.V1RoleRef(api_group=RBAC_GROUP, kind="ClusterRole", name=user),
-            subjects=[client.RbacV1Subject(api_group=RBAC_GROUP, kind="User", name=user)],
+            subjects=subjects,
         )
     )
+    for namespace, namespaced in (roles or {}).items():
+        await rbac.create_namespaced_role(
+            namespace,
+            client.V1Role(metadata=metadata, rules=[policy_rule(rule) for rule in namespaced]),
+        )
+        await rbac.create_namespaced_role_binding(
+            namespace,
+            client.V1RoleBinding(
+                metadata=metadata,
+                role_ref=client.V1RoleRef(api_group=RBAC_GROUP, kind="Role", name=user),
+                subjects=subjects,
+            ),
+        )
     try:
         yield Path(cluster.kubeconfig_for(user))
     finally:
+        for namespace in roles or {}:
+            await rbac.delete_namespaced_role_binding(user, namespace)
+            await rbac.delete_namespaced_role(user, namespace)
         await rbac.delete_cluster_role_binding(user)
         await rbac.delete_cluster_role(user)

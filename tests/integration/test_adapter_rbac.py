@@ -1,7 +1,7 @@
 """The adapter works with exactly the permissions the chart grants it, and those include no Secret.
 
 The adapter runs as a restricted identity bound to a ClusterRole made of the chart's
-``files/rbac-adapter.yaml`` and nothing else, on the real kube-apiserver with RBAC enforced.
+``files/rbac-adapter*.yaml`` and nothing else, on the real kube-apiserver with RBAC enforced.
 The test's own setup (runtimes, the objects controllers would make) runs as the admin.
 """
 
@@ -32,8 +32,13 @@ from tests.integration.test_adapter import (
     settings_for,
 )
 
-RULES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files/rbac-adapter.yaml"
-CHART_RULES = yaml.safe_load(RULES.read_text())
+FILES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files"
+# The adapter's rules, as the chart grants them serving every namespace.
+CHART_RULES = [
+    rule
+    for name in ("rbac-adapter.yaml", "rbac-adapter-cluster.yaml", "rbac-adapter-lease.yaml")
+    for rule in yaml.safe_load((FILES / name).read_text())
+]
 
 
 @pytest.fixture

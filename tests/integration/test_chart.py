@@ -84,13 +84,8 @@ def adapter_values(namespace: str) -> list[str]:
 
 
 def admission_values() -> list[str]:
-    """Values that deploy dispatch-admission, for an adapter spec with an admission check."""
-    spec = {
-        "namespace": "team-a",
-        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
-        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
-    }
-    return ["--set", "admission.enabled=true", "--set-json", f"adapter.spec={json.dumps(spec)}"]
+    """Values that deploy dispatch-admission for the AdmissionCheck ``dispatch-gate``."""
+    return ["--set", "admission.enabled=true", "--set", "admission.admissionCheck=dispatch-gate"]
 
 
 def test_the_chart_lints_clean(helm: Path) -> None:
@@ -129,17 +124,62 @@ def test_the_deployment_is_one_recreated_non_root_replica_with_a_liveness_probe(
     assert [a for a in args if "namespace" in a] == ["--namespace=a", "--namespace=b"]
 
 
+def rule_files(*names: str) -> list[dict[str, Any]]:
+    """The PolicyRules of the chart's ``files/rbac-<name>.yaml``, in order."""
+    rules: list[dict[str, Any]] = []
+    for name in names:
+        rules += yaml.safe_load((CHART / "files" / f"rbac-{name}.yaml").read_text())
+    return rules
+
+
+CLUSTER_SCOPED = ("operator-cluster", "adapter-cluster")
+NAMESPACED = ("operator", "adapter")
+
+
 def test_the_cluster_role_is_the_rule_files_and_nothing_else(helm: Path) -> None:
-    role = one(render(helm), "ClusterRole")
-    expected: list[dict[str, Any]] = []
-    for name in ("rbac-operator.yaml", "rbac-adapter.yaml"):
-        path = CHART / "files" / name
-        if path.exists():
-            expected += yaml.safe_load(path.read_text()) or []
-    assert role["rules"] == expected
+    docs = render(helm)
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == rule_files(*CLUSTER_SCOPED, *NAMESPACED, "adapter-lease")
+    assert not [doc for doc in docs if doc["kind"] in ("Role", "RoleBinding")]
     verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
     assert "*" not in verbs
     assert not any("secrets" in rule["resources"] for rule in role["rules"])
+
+
+def test_with_operator_namespaces_the_operators_rights_are_roles_in_those_namespaces(
+    helm: Path,
+) -> None:
+    docs = render(helm, "--set-json", 'operator.namespaces=["team-a","team-b"]')
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == rule_files(*CLUSTER_SCOPED)
+    assert {r for rule in role["rules"] for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+        "clustertrainingruntimes",
+        "nodes",
+    }
+    roles = {doc["metadata"]["namespace"]: doc for doc in docs if doc["kind"] == "Role"}
+    assert roles["team-a"]["rules"] == rule_files(*NAMESPACED)
+    assert roles["team-b"]["rules"] == rule_files(*NAMESPACED)
+    # The adapters read dispatch-admission's Lease, in the release namespace by default.
+    assert roles["dispatch-system"]["rules"] == rule_files("adapter-lease")
+    account = one(docs, "ServiceAccount")["metadata"]
+    bindings = [doc for doc in docs if doc["kind"] == "RoleBinding"]
+    assert {b["metadata"]["namespace"] for b in bindings} == set(roles)
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": "dispatch-system"}
+        ]
+    refused = run_helm(
+        helm,
+        "template",
+        "dispatch",
+        str(CHART),
+        "--set-json",
+        'operator.namespaces=["team-*"]',
+        check=False,
+    )
+    assert refused.returncode != 0
 
 
 def test_optional_adapter_and_example_runtime_render_from_values(helm: Path) -> None:
@@ -227,45 +267,91 @@ async def test_installed_chart_lets_the_operator_run_jobs_as_its_service_account
         assert await scene.trainjob("charted-1") is None
 
 
-def test_dispatch_admission_renders_with_its_own_identity_and_the_adapters_settings(
+def admission_objects(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        doc
+        for doc in docs
+        if doc["kind"] == kind and doc["metadata"]["name"] == "dispatch-dispatch-kubeflow-admission"
+    ]
+
+
+def test_dispatch_admission_renders_with_its_check_its_lease_and_least_privilege(
     helm: Path,
 ) -> None:
-    spec = {
-        "namespace": "team-a",
-        "runtimes": [{"kind": "ClusterTrainingRuntime", "name": "dispatch-torch"}],
-        "kueue": {"localQueue": "lq", "admissionCheck": "dispatch-gate"},
-    }
-    docs = render(
-        helm, "--set", "admission.enabled=true", "--set-json", f"adapter.spec={json.dumps(spec)}"
-    )
-    settings = json.loads(one(docs, "ConfigMap")["data"]["settings.json"])
-    assert settings == spec
-    roles = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "ClusterRole"}
-    admission_role = roles["dispatch-dispatch-kubeflow-admission"]
-    assert admission_role["rules"] == yaml.safe_load(
-        (CHART / "files" / "rbac-admission.yaml").read_text()
-    )
-    deployments = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "Deployment"}
-    pod = deployments["dispatch-dispatch-kubeflow-admission"]["spec"]["template"]["spec"]
+    docs = render(helm, *admission_values(), "--set", "admission.lease.name=gate-lease")
+    (cluster_role,) = admission_objects(docs, "ClusterRole")
+    assert cluster_role["rules"] == rule_files("admission")
+    assert not any("leases" in rule["resources"] for rule in cluster_role["rules"])
+    (lease_role,) = admission_objects(docs, "Role")
+    assert lease_role["metadata"]["namespace"] == "dispatch-system"
+    assert lease_role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["gate-lease"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
+    (binding,) = admission_objects(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == lease_role["metadata"]["name"]
+    (deployment,) = admission_objects(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "dispatch-dispatch-kubeflow-admission"
-    assert pod["containers"][0]["command"] == ["python", "-m", "dispatch_kubeflow.admission"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["python", "-m", "dispatch_kubeflow.admission"]
+    assert container["args"][:5] == [
+        "--admission-check=dispatch-gate",
+        "--lease-namespace=dispatch-system",
+        "--lease-name=gate-lease",
+        "--log-level=INFO",
+        "--health-address=0.0.0.0:8081",
+    ]
     check = one(docs, "AdmissionCheck")
     assert check["metadata"]["name"] == "dispatch-gate"
     assert check["spec"]["controllerName"] == "dispatch.phpboyscout.uk/admission"
 
-    refused = run_helm(
-        helm,
-        "template",
-        "dispatch",
-        str(CHART),
-        "--set",
-        "admission.enabled=true",
-        "--set-json",
-        'adapter.spec={"namespace": "team-a"}',
-        check=False,
+    elsewhere = render(helm, *admission_values(), "--set", "admission.lease.namespace=kueue-ops")
+    (moved,) = admission_objects(elsewhere, "Role")
+    assert moved["metadata"]["namespace"] == "kueue-ops"
+    (deployment,) = admission_objects(elsewhere, "Deployment")
+    assert (
+        "--lease-namespace=kueue-ops"
+        in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     )
-    assert refused.returncode != 0
-    assert "adapter.spec.kueue is required" in refused.stderr
+
+
+def test_dispatch_admission_is_probed_spread_over_nodes_and_kept_through_drains(
+    helm: Path,
+) -> None:
+    docs = render(helm, *admission_values())
+    (deployment,) = admission_objects(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    pods = deployment["spec"]["template"]["metadata"]["labels"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert (spread["topologyKey"], spread["maxSkew"]) == ("kubernetes.io/hostname", 1)
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert selects(spread["labelSelector"], pods)
+    (budget,) = admission_objects(docs, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert selects(budget["spec"]["selector"], pods)
+
+    strict = render(
+        helm,
+        *admission_values(),
+        "--set",
+        "admission.spreadAcrossNodes=DoNotSchedule",
+        "--set",
+        "admission.podDisruptionBudget.enabled=false",
+    )
+    (deployment,) = admission_objects(strict, "Deployment")
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "DoNotSchedule"
+    assert not admission_objects(strict, "PodDisruptionBudget")
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -40,6 +40,11 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/component: admission
 {{- end }}
 
+{{/* The namespace of dispatch-admission's Lease: admission.lease.namespace, else the release's. */}}
+{{- define "dispatch-kubeflow.admissionLeaseNamespace" -}}
+{{- default .Release.Namespace .Values.admission.lease.namespace }}
+{{- end }}
+
 {{- define "dispatch-kubeflow.labels" -}}
 helm.sh/chart: {{ include "dispatch-kubeflow.chart" . }}
 {{ include "dispatch-kubeflow.selectorLabels" . }}
