@@ -9,6 +9,7 @@ checked against exactly the ClusterRole the chart grants.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
@@ -202,11 +203,13 @@ def test_values_outside_the_schema_are_refused(helm: Path) -> None:
     assert "replicaCount" in result.stderr
 
 
-@pytest.fixture
-async def release(
-    helm: Path, cluster: Any, namespace: str, kube_api: client.ApiClient
+@contextlib.asynccontextmanager
+async def installed(
+    helm: Path, cluster: Any, namespace: str, kube_api: client.ApiClient, *, namespaced: bool
 ) -> AsyncIterator[str]:
-    """The chart installed into its own short-named namespace, serving the test namespace.
+    """The chart installed into its own short-named namespace, serving the test namespace:
+    every namespace, or with ``namespaced`` only its own and the test namespace
+    (``operator.namespaces``).
 
     Short, because the service account's user name goes into a certificate's common name
     (at most 64 characters).
@@ -215,6 +218,7 @@ async def release(
     core: Any = client.CoreV1Api(kube_api)  # takes a plain dict as the body
     await core.create_namespace({"metadata": {"name": name}})
     kubeconfig = ["--kubeconfig", str(cluster.kubeconfig)]
+    scope = ["--set-json", f"operator.namespaces={json.dumps([name, namespace])}"]
     run_helm(
         helm,
         "install",
@@ -224,6 +228,7 @@ async def release(
         name,
         *kubeconfig,
         *adapter_values(namespace),
+        *(scope if namespaced else []),
     )
     try:
         yield name
@@ -232,9 +237,43 @@ async def release(
         await core.delete_namespace(name)
 
 
+@pytest.fixture
+async def release(
+    helm: Path, cluster: Any, namespace: str, kube_api: client.ApiClient
+) -> AsyncIterator[str]:
+    """The chart installed into its own namespace, serving every namespace."""
+    async with installed(helm, cluster, namespace, kube_api, namespaced=False) as name:
+        yield name
+
+
 async def test_installed_chart_lets_the_operator_run_jobs_as_its_service_account(
     cluster: Any, namespace: str, release: str, kube_api: client.ApiClient, tmp_path: Path
 ) -> None:
+    await run_a_job_as_the_chart_account(cluster, namespace, release, kube_api, tmp_path, [])
+
+
+async def test_with_operator_namespaces_the_installed_roles_let_the_operator_run_jobs(
+    helm: Path, cluster: Any, namespace: str, kube_api: client.ApiClient, tmp_path: Path
+) -> None:
+    async with installed(helm, cluster, namespace, kube_api, namespaced=True) as release:
+        rbac: Any = client.RbacAuthorizationV1Api(kube_api)
+        role = await rbac.read_cluster_role(f"{release}-dispatch-kubeflow")
+        assert "pods" not in {r for rule in role.rules for r in rule.resources}
+        await run_a_job_as_the_chart_account(
+            cluster, namespace, release, kube_api, tmp_path, [release, namespace]
+        )
+
+
+async def run_a_job_as_the_chart_account(
+    cluster: Any,
+    namespace: str,
+    release: str,
+    kube_api: client.ApiClient,
+    tmp_path: Path,
+    namespaces: list[str],
+) -> None:
+    """The operator, as the release's ServiceAccount serving ``namespaces`` (none: all), runs a
+    DispatchJob in ``namespace`` to Running and stops it."""
     account = f"{release}-dispatch-kubeflow"
     found = await client.CoreV1Api(kube_api).read_namespaced_service_account(account, release)
     assert found.metadata.name == account
@@ -249,7 +288,7 @@ async def test_installed_chart_lets_the_operator_run_jobs_as_its_service_account
     assert adapter["spec"]["namespace"] == namespace
 
     events = tmp_path / "events.jsonl"
-    async with running_operator(identity, [], events):  # every namespace, as the chart runs it
+    async with running_operator(identity, namespaces, events):
         await installed.ready_adapter()
         await scene.create_job("charted")
         await scene.job_in_state("charted", "Pending")
