@@ -386,14 +386,21 @@ async def running(*controllers: AdmissionController) -> AsyncIterator[list[async
 
 
 @pytest.fixture
-async def scene(kube_api: client.ApiClient, namespace: str) -> AsyncIterator[Scene]:
+async def unserved(kube_api: client.ApiClient, namespace: str) -> AsyncIterator[Scene]:
+    """The scene's AdmissionCheck, and no KubeflowAdapter serving its namespace yet."""
     scene = Scene(kube_api, namespace)
     await scene.create_admission_check()
-    await scene.serve()
     try:
         yield scene
     finally:
         await scene.delete_admission_check()
+
+
+@pytest.fixture
+async def scene(unserved: Scene) -> Scene:
+    """The scene's AdmissionCheck, and a KubeflowAdapter of it serving its namespace."""
+    await unserved.serve()
+    return unserved
 
 
 # The AdmissionCheck.
@@ -542,27 +549,22 @@ async def test_a_workload_of_a_job_dispatch_did_not_start_is_not_held(scene: Sce
 
 
 async def test_a_workload_in_a_namespace_no_adapter_serves_is_ready_at_once(
-    kube_api: client.ApiClient, namespace: str
+    unserved: Scene,
 ) -> None:
     """Even a dispatch-labelled TrainJob's Workload after an eviction, which a served namespace
     would hold: no KubeflowAdapter of the check says this namespace is dispatch's."""
-    scene = Scene(kube_api, namespace)
-    await scene.create_admission_check()
-    try:
-        name = await scene.workload_for(await scene.trainjob("job-1"))
-        controller = scene.controller("a")
-        async with running(controller):
-            await scene.kueue_reserves(name, evictions=1)
-            ready = await scene.wait_for_state(name, CheckState.READY)
-        entry = check_entry(ready, scene.check)
-        assert entry is not None
-        assert entry["message"] == (
-            f"no KubeflowAdapter of AdmissionCheck {scene.check} serves namespace {namespace}: "
-            "not held by the readmission gate"
-        )
-        assert namespace not in controller.served
-    finally:
-        await scene.delete_admission_check()
+    name = await unserved.workload_for(await unserved.trainjob("job-1"))
+    controller = unserved.controller("a")
+    async with running(controller):
+        await unserved.kueue_reserves(name, evictions=1)
+        ready = await unserved.wait_for_state(name, CheckState.READY)
+    entry = check_entry(ready, unserved.check)
+    assert entry is not None
+    assert entry["message"] == (
+        f"no KubeflowAdapter of AdmissionCheck {unserved.check} serves namespace "
+        f"{unserved.namespace}: not held by the readmission gate"
+    )
+    assert unserved.namespace not in controller.served
 
 
 @contextlib.asynccontextmanager
@@ -618,25 +620,21 @@ async def test_one_controller_decides_two_namespaces_served_by_two_adapters(
 
 
 async def test_a_kubeflow_adapter_created_after_the_controller_started_is_picked_up(
-    kube_api: client.ApiClient, namespace: str
+    unserved: Scene,
 ) -> None:
-    scene = Scene(kube_api, namespace)
-    await scene.create_admission_check()
-    try:
-        name = await scene.workload_for(await scene.trainjob("job-1"))
-        controller = scene.controller("a")
-        async with running(controller):
-            await eventually(lambda: _leading(controller), "leadership")
-            await eventually(_true(controller.adapters.synced.is_set), "the adapters listed")
-            assert namespace not in controller.served
-            await scene.serve()
-            await eventually(_true(lambda: namespace in controller.served), "the new adapter")
-            await scene.kueue_reserves(name, evictions=1)
-            await scene.wait_for_state(
-                name, CheckState.PENDING, lambda m: m.startswith("held after eviction 1")
-            )
-    finally:
-        await scene.delete_admission_check()
+    namespace = unserved.namespace
+    name = await unserved.workload_for(await unserved.trainjob("job-1"))
+    controller = unserved.controller("a")
+    async with running(controller):
+        await eventually(lambda: _leading(controller), "leadership")
+        await eventually(_true(controller.adapters.synced.is_set), "the adapters listed")
+        assert namespace not in controller.served
+        await unserved.serve()
+        await eventually(_true(lambda: namespace in controller.served), "the new adapter")
+        await unserved.kueue_reserves(name, evictions=1)
+        await unserved.wait_for_state(
+            name, CheckState.PENDING, lambda m: m.startswith("held after eviction 1")
+        )
 
 
 # Two replicas.

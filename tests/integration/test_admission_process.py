@@ -26,6 +26,7 @@ from tests.integration.test_admission import (
     running,
 )
 from tests.integration.test_admission import scene as scene  # the fixture
+from tests.integration.test_admission import unserved as unserved  # the fixture scene takes
 from tests.integration.test_operator import Samples, sample, scrape
 
 

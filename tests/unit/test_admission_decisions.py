@@ -310,26 +310,21 @@ def test_active_is_set_with_the_observed_generation() -> None:
     assert active["lastTransitionTime"] == "2026-05-06T07:08:09Z"
 
 
+ACTIVE_NOW = {
+    "type": "Active",
+    "status": "True",
+    "message": ACTIVE_MESSAGE,
+    "observedGeneration": 3,
+    "lastTransitionTime": "2026-01-01T00:00:00Z",
+}
+
+
 def test_active_is_not_rewritten_when_already_true_for_this_generation() -> None:
-    current = {
-        "type": "Active",
-        "status": "True",
-        "message": ACTIVE_MESSAGE,
-        "observedGeneration": 3,
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }
-    assert active_apply_body(admission_check([current]), NOW) is None
+    assert active_apply_body(admission_check([ACTIVE_NOW]), NOW) is None
 
 
 def test_a_new_active_message_is_written_without_moving_the_transition_time() -> None:
-    current = {
-        "type": "Active",
-        "status": "True",
-        "message": ACTIVE_MESSAGE,
-        "observedGeneration": 3,
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }
-    body = active_apply_body(admission_check([current]), NOW, "lease mismatch")
+    body = active_apply_body(admission_check([ACTIVE_NOW]), NOW, "lease mismatch")
     assert body is not None
     (active,) = body["status"]["conditions"]
     assert (active["message"], active["lastTransitionTime"]) == (
