@@ -49,9 +49,9 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(level: str, log_format: LogFormat) -> None:
     """Log at ``level`` to stderr, as JSON lines or as plain text for people."""
+    root = logging.getLogger()
+    root.setLevel(level.upper())  # an unknown level is refused before anything changes
     handler = logging.StreamHandler(sys.stderr)
     formatter = JsonFormatter() if log_format == "json" else logging.Formatter(PLAIN_FORMAT)
     handler.setFormatter(formatter)
-    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
