@@ -9,6 +9,7 @@ a watch per job.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,10 @@ UNFINISHED_WAIT: Final = 30.0
 RETRY_UNKNOWN: Final = 10.0
 REASON_INVALID_JOB: Final = "InvalidJob"
 REASON_UNSUPPORTED: Final = "Unsupported"
+# Starts in flight per operator. Each holds API connections (in Kueue mode a watch for its
+# Workload too): a burst of creations beyond this waits here, not in the client's connection
+# pool, where the wait counts against the request timeout and times every start out.
+STARTS_IN_FLIGHT: Final = 20
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
@@ -180,6 +185,14 @@ async def adapter_to_start(
     return await serving_adapter(memo.registry, namespace, adapter)
 
 
+def starts_gate(memo: kopf.Memo) -> asyncio.Semaphore:
+    """The operator's bound on starts in flight (one per operator, in its memo)."""
+    gate: asyncio.Semaphore | None = memo.get("starts_gate")
+    if gate is None:
+        gate = memo["starts_gate"] = asyncio.Semaphore(STARTS_IN_FLIGHT)
+    return gate
+
+
 async def start_attempt(
     *,
     memo: kopf.Memo,
@@ -201,7 +214,8 @@ async def start_attempt(
     adapters = adapters_seen(kwargs)
     adapter = await adapter_to_start(memo, adapters, name, namespace, str(spec.get("adapter")))
     try:
-        await adapter.start(job)
+        async with starts_gate(memo):
+            await adapter.start(job)
     except ErrOutcomeUnknown as error:
         raise kopf.TemporaryError(str(error), delay=RETRY_UNKNOWN) from error
     except (ErrInvalid, ErrUnsupported) as error:

@@ -1,0 +1,70 @@
+"""The DispatchJob create handler bounds the starts one operator has in flight.
+
+A burst of creations (a dispatcher submitting thousands of jobs) must queue in the handler, not
+in the API client's connection pool, where waiting counts against each request's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+import pytest
+
+from dispatch_kubeflow.handlers import jobs
+from dispatch_kubeflow.handlers.serving import ADAPTERS_BY_NAME
+from dispatch_kubeflow.trainjob import JobSpec
+
+
+class SlowAdapter:
+    """An adapter whose starts take a while, counting how many run at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.started: list[str] = []
+
+    async def start(self, job: JobSpec) -> None:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await asyncio.sleep(0.01)
+        self.running -= 1
+        self.started.append(job.job_id)
+
+
+class Registry:
+    def __init__(self, adapter: SlowAdapter) -> None:
+        self.adapter = adapter
+
+    def get(self, _namespace: str, _name: str) -> SlowAdapter:
+        return self.adapter
+
+
+async def test_a_burst_of_creations_starts_at_most_starts_in_flight_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def recorded(*_: Any, **__: Any) -> None:
+        return None
+
+    monkeypatch.setattr(jobs, "record_start", recorded)
+    adapter = SlowAdapter()
+    memo = kopf.Memo(registry=Registry(adapter), api=None)
+    burst = 3 * jobs.STARTS_IN_FLIGHT
+    await asyncio.gather(
+        *(
+            jobs.start_attempt(
+                memo=memo,
+                body=kopf.Body({}),
+                name=f"job{index}",
+                namespace="team-a",
+                spec={"adapter": "a", "image": "trainer:1"},
+                logger=logging.getLogger(__name__),
+                **{ADAPTERS_BY_NAME: {}},
+            )
+            for index in range(burst)
+        )
+    )
+    assert len(adapter.started) == burst
+    assert adapter.most == jobs.STARTS_IN_FLIGHT
