@@ -43,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -215,14 +214,14 @@ async def follow(list_fn: Callable[..., Awaitable[Any]], seen: Seen, listed: asy
 
 
 async def watch_until_stopped(
-    kubeconfig: str, namespace: str, plurals: tuple[str, ...], seen: SeenOf, ready: Any, stop: Any
+    kubeconfig: str, namespace: str, plurals: tuple[str, ...], seen: SeenOf, ready: Any
 ) -> None:
+    """Watch until SIGTERM (``Process.terminate``, or Ctrl-C's signal to the process group)."""
     api = await api_client(kubeconfig)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
-    threading.Thread(
-        target=lambda: (stop.wait(), loop.call_soon_threadsafe(stopping.set)), daemon=True
-    ).start()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     listed = [asyncio.Event() for _ in plurals]
     tasks = [
         asyncio.create_task(follow(lister(api, namespace, plural), partial(seen, plural), flag))
@@ -237,7 +236,7 @@ async def watch_until_stopped(
     await api.close()
 
 
-def floor(kubeconfig: str, namespace: str, out: Any, ready: Any, stop: Any) -> None:
+def floor(kubeconfig: str, namespace: str, out: Any, ready: Any) -> None:
     """The bare watcher: when it saw each (plural, name, resourceVersion), sent back at the end."""
     arrived: dict[tuple[str, str, str], float] = {}
 
@@ -245,11 +244,11 @@ def floor(kubeconfig: str, namespace: str, out: Any, ready: Any, stop: Any) -> N
         meta = obj["metadata"]
         arrived.setdefault((plural, meta["name"], meta["resourceVersion"]), time.time())
 
-    asyncio.run(watch_until_stopped(kubeconfig, namespace, UPSTREAM, seen, ready, stop))
+    asyncio.run(watch_until_stopped(kubeconfig, namespace, UPSTREAM, seen, ready))
     out.put(arrived)
 
 
-def observe(kubeconfig: str, namespace: str, out: Any, ready: Any, stop: Any) -> None:
+def observe(kubeconfig: str, namespace: str, out: Any, ready: Any) -> None:
     """The user's view: when each event type first shows in a DispatchJob's status."""
     shown: dict[str, set[str]] = {}
 
@@ -265,7 +264,7 @@ def observe(kubeconfig: str, namespace: str, out: Any, ready: Any, stop: Any) ->
             out.put((name, event_type, time.time()))
 
     plurals = ("dispatchjobs",)
-    asyncio.run(watch_until_stopped(kubeconfig, namespace, plurals, seen, ready, stop))
+    asyncio.run(watch_until_stopped(kubeconfig, namespace, plurals, seen, ready))
     out.put(("__done__", {}, 0))
 
 
@@ -654,16 +653,11 @@ def main() -> int:
     with control_plane() as plane:
         asyncio.run(prepare(plane.kubeconfig, args.namespace))
         admin = str(plane.kubeconfig)
-        stop = context.Event()
         floor_out, floor_ready = context.Queue(), context.Event()
         shown_out, shown_ready = context.Queue(), context.Event()
         watchers = [
-            context.Process(
-                target=floor, args=(admin, args.namespace, floor_out, floor_ready, stop)
-            ),
-            context.Process(
-                target=observe, args=(admin, args.namespace, shown_out, shown_ready, stop)
-            ),
+            context.Process(target=floor, args=(admin, args.namespace, floor_out, floor_ready)),
+            context.Process(target=observe, args=(admin, args.namespace, shown_out, shown_ready)),
         ]
         for watcher in watchers:
             watcher.start()
@@ -680,7 +674,8 @@ def main() -> int:
             peak = operator.peak_rss_mib()
         finally:
             operator.stop()
-            stop.set()
+            for watcher in watchers:
+                watcher.terminate()
             seen: dict[tuple[str, str, str], float] = floor_out.get(timeout=60)
             events.join()
             for watcher in watchers:
