@@ -148,12 +148,10 @@ def job_events_committed(
             state = str(event.get("state"))
             cause = event.get("cause") or NO_CAUSE
             JOBS_FINISHED.labels(namespace, adapter, state, cause, runtime).inc()
-        phase = _PHASES.get(kind)
-        if phase is not None:
-            histogram, starts = phase
-            took = _since_last(history, event, starts)
-            if took is not None:
-                histogram.labels(namespace, runtime).observe(took)
+        histogram = _PHASES.get(kind)
+        took = phase_seconds(history, event) if histogram is not None else None
+        if histogram is not None and took is not None:
+            histogram.labels(namespace, runtime).observe(took)
 
 
 def start_refused(namespace: str, adapter: str, runtime: str, state: str, cause: str) -> None:
@@ -161,12 +159,22 @@ def start_refused(namespace: str, adapter: str, runtime: str, state: str, cause:
     JOBS_FINISHED.labels(namespace, adapter, state, cause, runtime).inc()
 
 
-_PHASES: Final[dict[str, tuple[prometheus_client.Histogram, frozenset[str]]]] = {
-    EventType.ADMITTED: (ADMISSION_WAIT, frozenset({EventType.SUBMITTED, EventType.EVICTED})),
-    EventType.RUNNING: (STARTUP, frozenset({EventType.ADMITTED})),
-    EventType.FINISHED: (RUN, frozenset({EventType.RUNNING})),
-    EventType.VANISHED: (RUN, frozenset({EventType.RUNNING})),
+# The histogram of the phase each event type ends.
+_PHASES: Final[dict[str, prometheus_client.Histogram]] = {
+    EventType.ADMITTED: ADMISSION_WAIT,
+    EventType.RUNNING: STARTUP,
+    EventType.FINISHED: RUN,
+    EventType.VANISHED: RUN,
 }
+# Phase events are repeated for a new waiting cause (a second Submitted for NoCapacity, ...):
+# a phase begins at the first of them.
+_BEGINS: Final[dict[str, str]] = {
+    EventType.ADMITTED: EventType.SUBMITTED,
+    EventType.RUNNING: EventType.ADMITTED,
+    EventType.FINISHED: EventType.RUNNING,
+    EventType.VANISHED: EventType.RUNNING,
+}
+_IDENTITY: Final = ("type", "attempt", "time", "state", "cause", "reason")
 
 
 def _time_of(event: Mapping[str, Any]) -> datetime | None:
@@ -184,20 +192,32 @@ def _seen_at(event: Mapping[str, Any]) -> datetime | None:
     return min(own) if own else _time_of(event)
 
 
-def _since_last(
-    history: Sequence[Mapping[str, Any]], event: Mapping[str, Any], starts: frozenset[str]
-) -> float | None:
-    """Seconds from the last event of ``starts`` of the same attempt before ``event``."""
-    end = _time_of(event)
-    if end is None:
-        return None
+def _same(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    return all(one.get(key) == other.get(key) for key in _IDENTITY)
+
+
+def phase_seconds(history: Sequence[Mapping[str, Any]], event: Mapping[str, Any]) -> float | None:
+    """Seconds of the phase ``event`` ends, from the attempt's history; None when not timed.
+
+    The phase runs from the first event that begins it in the event's admission cycle (since the
+    attempt's last Evicted, else since it was submitted; an eviction also begins the next
+    admission wait). A repeat of a phase event (the same type again in the cycle) ends nothing.
+    """
     attempt = event.get("attempt")
-    for earlier in reversed(history):
-        if earlier.get("attempt") == attempt and earlier.get("type") in starts:
-            begin = _time_of(earlier)
-            if begin is not None and begin <= end:
-                return (end - begin).total_seconds()
-    return None
+    ours = [e for e in history if e.get("attempt") == attempt]
+    at = max((k for k, e in enumerate(ours) if _same(e, event)), default=len(ours))
+    before = ours[:at]
+    evictions = [k for k, e in enumerate(before) if e.get("type") == EventType.EVICTED]
+    cycle = before[evictions[-1] :] if evictions else before
+    kind = str(event.get("type"))
+    if any(e.get("type") == kind for e in cycle):
+        return None
+    begins = {_BEGINS[kind], EventType.EVICTED} if kind == EventType.ADMITTED else {_BEGINS[kind]}
+    begin = next((_time_of(e) for e in cycle if e.get("type") in begins), None)
+    end = _time_of(event)
+    if begin is None or end is None or end < begin:
+        return None
+    return (end - begin).total_seconds()
 
 
 # --- what the open adapters know --------------------------------------------------------------

@@ -60,6 +60,34 @@ def test_a_readmission_waits_from_its_eviction_and_earlier_attempts_are_not_used
     assert value("dispatch_kubeflow_job_admission_wait_seconds_sum", **where) == 1 + 30
 
 
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        # A second Submitted for a new waiting cause does not restart the wait.
+        ([event("Submitted", 0), event("Submitted", 20, cause="NoCapacity"), event("Admitted", 50)],
+         50),
+        # A repeated Admitted (a waiting cause while admitted) ends nothing.
+        ([event("Submitted", 0), event("Admitted", 5), event("Admitted", 9, cause="ImagePull")],
+         None),
+        # Running after a repeated Admitted counts from the first.
+        ([event("Submitted", 0), event("Admitted", 5), event("Admitted", 9, cause="ImagePull"),
+          event("Running", 15)], 10),
+        # After an eviction, Running counts from the readmission.
+        ([event("Submitted", 0), event("Admitted", 1), event("Running", 2), event("Evicted", 10),
+          event("Admitted", 40), event("Running", 43)], 3),
+        # Finished after the second cycle counts from that cycle's Running.
+        ([event("Submitted", 0), event("Admitted", 1), event("Running", 2), event("Evicted", 10),
+          event("Admitted", 40), event("Running", 43), event("Finished", 100)], 57),
+        # Finished without ever running times no run.
+        ([event("Submitted", 0), event("Finished", 30)], None),
+    ],
+)  # fmt: skip
+def test_each_phase_is_timed_once_from_its_first_beginning(
+    history: list[dict[str, Any]], expected: float | None
+) -> None:
+    assert metrics.phase_seconds(history, history[-1]) == expected
+
+
 def test_event_latency_runs_from_the_evidence_time_where_there_is_one() -> None:
     lost = event("NodeLost", 10, evidence=[{"kind": "Node", "name": "n", "timeAdded": at(4)}])
     now = T0 + timedelta(seconds=12)
