@@ -34,8 +34,6 @@ from dispatch_kubeflow.kube.objects import dig
 
 NONE: Final = "-"
 REQUEST_TIMEOUT: Final = timedelta(seconds=30)
-# Events after which an attempt waits for admission (again).
-WAIT_STARTS: Final = frozenset({EventType.SUBMITTED, EventType.EVICTED})
 
 
 @dataclass(frozen=True)
@@ -113,9 +111,9 @@ def adapter_row(body: Mapping[str, Any], now: datetime) -> AdapterRow:
 def admission_wait(body: Mapping[str, Any], now: datetime) -> float | None:
     """Seconds the current attempt waited for admission: until now, or until it was admitted.
 
-    The wait starts at the attempt's last Submitted or Evicted event (the DispatchJob's creation
-    when no event has come yet) and ends at the Admitted or Running event after it. None for a
-    finished attempt that was never admitted, or a job that has not started.
+    The wait starts at the attempt's first Submitted or its last Evicted event (the
+    DispatchJob's creation when no event has come yet) and ends at the Admitted or Running event
+    after it. None for a finished attempt that was never admitted, or a job that has not started.
     """
     attempt = dig(body, "status", "attempt")
     events = [
@@ -127,7 +125,8 @@ def admission_wait(body: Mapping[str, Any], now: datetime) -> float | None:
     admitted: datetime | None = None
     for event in events:
         kind = event.get("type")
-        if kind in WAIT_STARTS:
+        # A repeated Submitted (a new waiting cause) goes on with the same wait.
+        if kind == EventType.EVICTED or (kind == EventType.SUBMITTED and started is None):
             started, admitted = parse_time(event.get("time")), None
         elif kind in (EventType.ADMITTED, EventType.RUNNING) and admitted is None:
             admitted = parse_time(event.get("time"))

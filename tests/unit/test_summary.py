@@ -53,6 +53,13 @@ def finished() -> dict[str, Any]:
             50,  # evicted: waiting again, since the eviction
         ),
         (
+            {"attempt": 1, "events": [
+                {"type": "Submitted", "attempt": 1, "time": at(100)},
+                {"type": "Submitted", "attempt": 1, "time": at(60), "cause": "NoCapacity"},
+            ]},
+            100,  # a new waiting cause goes on with the same wait
+        ),
+        (
             {"attempt": 1, "conditions": [finished()], "events": [
                 {"type": "Submitted", "attempt": 1, "time": at(100)},
                 {"type": "Finished", "attempt": 1, "time": at(10)},
