@@ -69,7 +69,7 @@ def _phase(name: str, documentation: str) -> prometheus_client.Histogram:
 
 ADMISSION_WAIT: Final = _phase(
     "dispatch_kubeflow_job_admission_wait_seconds",
-    "Time from an attempt's Submitted (or its last Evicted) to its Admitted event.",
+    "Time from an attempt's first Submitted (or its last Evicted) to the first Admitted after it.",
 )
 STARTUP: Final = _phase(
     "dispatch_kubeflow_job_startup_seconds",
