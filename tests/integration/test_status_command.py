@@ -18,11 +18,11 @@ from kubernetes_asyncio import client
 from dispatch_kubeflow.constants import GROUP, VERSION
 from tests.integration.test_operator import MERGE_PATCH
 
-NOW = datetime.now(UTC).replace(microsecond=0)
-
 
 def at(seconds_ago: float) -> str:
-    return (NOW - timedelta(seconds=seconds_ago)).isoformat().replace("+00:00", "Z")
+    """A time ``seconds_ago`` before now, as the apiserver writes times."""
+    moment = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=seconds_ago)
+    return moment.isoformat().replace("+00:00", "Z")
 
 
 def condition(kind: str, status: str, reason: str) -> dict[str, Any]:
