@@ -48,7 +48,7 @@ def _kubeconfig(path: Path) -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def _operator(
-    kubeconfig: Path, namespace: str, events: Path, memo: kopf.Memo | None = None
+    kubeconfig: Path, namespace: str | list[str], events: Path, memo: kopf.Memo | None = None
 ) -> AsyncIterator[None]:
     stop, ready = asyncio.Event(), asyncio.Event()
     lines = EventLines(str(events))
@@ -58,7 +58,7 @@ async def _operator(
         task = asyncio.create_task(
             kopf.operator(
                 standalone=True,
-                namespaces=[namespace],
+                namespaces=[namespace] if isinstance(namespace, str) else namespace,
                 stop_flag=stop,
                 ready_flag=ready,
                 memo=memo,

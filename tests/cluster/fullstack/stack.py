@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -248,17 +248,28 @@ class FullStack(Supervised):
     # -- per-test Kueue objects -----------------------------------------------------------
 
     def create_queues(
-        self, namespace: str, gpus: int, admission_check: bool = False, local_queue: str = "lq"
+        self,
+        namespace: str,
+        gpus: int,
+        admission_check: bool = False,
+        local_queue: str = "lq",
+        shared_with: Sequence[str] = (),
     ) -> str:
         """A ClusterQueue named after `namespace` with `gpus` GPUs of quota and LowerPriority
-        preemption, and a LocalQueue `local_queue` in `namespace` pointing at it. Returns the
-        ClusterQueue's name (delete it after the test)."""
+        preemption, and a LocalQueue `local_queue` pointing at it in `namespace` and in each of
+        `shared_with` (the ClusterQueue serves them all). Returns the ClusterQueue's name
+        (delete it after the test)."""
+        served = [namespace, *shared_with]
         cluster_queue: dict[str, Any] = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ClusterQueue",
             "metadata": {"name": namespace},
             "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": served}
+                    ]
+                },
                 "preemption": {"withinClusterQueue": "LowerPriority"},
                 "resourceGroups": [
                     {
@@ -281,13 +292,16 @@ class FullStack(Supervised):
             cluster_queue["spec"]["admissionChecksStrategy"] = {
                 "admissionChecks": [{"name": ADMISSION_CHECK}]
             }
-        local = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": local_queue, "namespace": namespace},
-            "spec": {"clusterQueue": namespace},
-        }
-        self._apply([cluster_queue, local], f"queues-{namespace}")
+        locals_ = [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": local_queue, "namespace": where},
+                "spec": {"clusterQueue": namespace},
+            }
+            for where in served
+        ]
+        self._apply([cluster_queue, *locals_], f"queues-{namespace}")
         return namespace
 
     def stop_cluster_queue(self, name: str, policy: str = "HoldAndDrain") -> None:
