@@ -15,6 +15,7 @@ T = TypeVar("T")
 
 GROWTH_MAX: Final = 3.0
 REPEATS: Final = 5
+ATTEMPTS: Final = 4
 # Below this a timing is mostly the timer and the scheduler, not the work.
 RESOLUTION: Final = 0.002
 
@@ -36,8 +37,14 @@ def doubling_ratio(make: Callable[[int], T], run: Callable[[T], object], size: i
 
 
 def assert_grows_linearly(make: Callable[[int], T], run: Callable[[T], object], size: int) -> None:
-    """Doubling the input at most triples the time; tried twice before it counts as a failure."""
-    ratios = [doubling_ratio(make, run, size)]
-    if ratios[0] > GROWTH_MAX:
+    """Doubling the input at most triples the time, in one of ``ATTEMPTS`` measurements.
+
+    A busy machine (other processes on the same cores) can slow one size and not the other; a
+    quadratic cost quadruples the time in every measurement, so it still fails.
+    """
+    ratios: list[float] = []
+    while len(ratios) < ATTEMPTS:
         ratios.append(doubling_ratio(make, run, size))
-    assert min(ratios) <= GROWTH_MAX, f"doubling {size} multiplied the time by {ratios}"
+        if ratios[-1] <= GROWTH_MAX:
+            return
+    raise AssertionError(f"doubling {size} multiplied the time by {ratios}")
