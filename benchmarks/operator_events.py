@@ -501,7 +501,8 @@ class Run:
                 await self.create(cluster, names, events)
                 await self.transitions(cluster, names, events, operator)
                 await self.count_duplicates(api)
-                await self.delete(cluster, names, events)
+                if not self.args.keep:
+                    await self.delete(cluster, names, events)
                 self.rss_after_rounds.append(operator.rss_mib())
                 progress(f"round {round_ + 1}: operator RSS {self.rss_after_rounds[-1]} MiB")
             if player.failures:
@@ -644,10 +645,15 @@ def main() -> int:
         default=0.0,
         help="transitions written per second (0: as fast as possible)",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the DispatchJobs: no deletion phase, one round"
+    )
     parser.add_argument("--profile", type=Path, help="record py-spy's raw stacks here")
     parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
     args = parser.parse_args()
+    if args.keep and args.rounds != 1:
+        parser.error("--keep runs one round")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     context = multiprocessing.get_context("spawn")
     with control_plane() as plane:
@@ -689,7 +695,7 @@ def main() -> int:
             "create_seconds": round(run.create_seconds, 1),
             "starts_per_second": round(args.jobs * args.rounds / run.create_seconds, 1),
             "transition_seconds": round(sum(b - a for a, b in run.marks["transition"]), 1),
-            "delete_seconds": round(run.delete_seconds, 1),
+            "delete_seconds": None if args.keep else round(run.delete_seconds, 1),
             "latency_ms": run.latencies(events, seen),
             "operator_requests": run.requests(),
             "operator_peak_rss_mib": peak,
