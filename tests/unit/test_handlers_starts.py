@@ -1,7 +1,8 @@
-"""The DispatchJob create handler bounds the starts one operator has in flight.
+"""A burst of DispatchJob creations: starts in flight are bounded, each creation handled once.
 
-A burst of creations (a dispatcher submitting thousands of jobs) must queue in the handler, not
-in the API client's connection pool, where waiting counts against each request's timeout.
+The burst (a dispatcher submitting thousands of jobs) must queue in the handler, not in the API
+client's connection pool, where waiting counts against each request's timeout; and kopf's watch,
+lagging behind the burst, must not hand a creation over a second time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from dispatch_kubeflow.handlers import jobs
 from dispatch_kubeflow.handlers.serving import ADAPTERS_BY_NAME
+from dispatch_kubeflow.handlers.startup import apply_settings
 from dispatch_kubeflow.trainjob import JobSpec
 
 
@@ -68,3 +70,10 @@ async def test_a_burst_of_creations_starts_at_most_starts_in_flight_at_once(
     )
     assert len(adapter.started) == burst
     assert adapter.most == jobs.STARTS_IN_FLIGHT
+
+
+def test_kopf_skips_events_older_than_its_own_patch_for_up_to_a_minute() -> None:
+    """The burst's watch lag stays under this, so no creation is handled twice."""
+    settings = kopf.OperatorSettings()
+    apply_settings(settings)
+    assert settings.persistence.consistency_timeout == 60.0

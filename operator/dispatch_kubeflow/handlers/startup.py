@@ -28,10 +28,16 @@ WATCH_SERVER_TIMEOUT: Final = 300
 WATCH_CLIENT_TIMEOUT: Final = 330
 CONNECT_TIMEOUT: Final = 30
 REQUEST_TIMEOUT: Final = 60
+# How long kopf skips the events older than its own last patch of an object. kopf's default (5 s)
+# is shorter than its watch can lag behind a burst of thousands of DispatchJobs: an event from
+# before the patch that marked the creation handled then arrives later, and the creation is
+# handled (the attempt started) a second time.
+CONSISTENCY_TIMEOUT: Final = 60.0
 
 
 def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
+    settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key=DIFFBASE_KEY
