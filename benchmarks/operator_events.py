@@ -417,11 +417,16 @@ class Player:
         self.gate = asyncio.Semaphore(concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
         self.failures: list[BaseException] = []
+        self.made: set[str] = set()
+
+    async def _make(self, trainjob: dict[str, Any], probe: bool) -> None:
+        await self.cluster.create_children(trainjob, workload_only=probe)
+        self.made.add(trainjob["metadata"]["name"])
 
     def seen(self, type_: str, obj: dict[str, Any]) -> None:
         if type_ == "ADDED":
             probe = obj["metadata"].get("labels", {}).get(constants.LABEL_PROBE) == "true"
-            self._spawn(self.cluster.create_children(obj, workload_only=probe))
+            self._spawn(self._make(obj, probe))
         elif type_ == "DELETED":
             self._spawn(self._collect(obj["metadata"]["name"]))
 
@@ -441,7 +446,18 @@ class Player:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    async def settled(self, trainjobs: list[str]) -> None:
+        """Until each of ``trainjobs`` has its children, which its transitions write to."""
+        deadline = time.monotonic() + PHASE_LIMIT
+        while missing := [name for name in trainjobs if name not in self.made]:
+            if self.failures:
+                raise self.failures[0]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(missing)} TrainJobs without children, e.g. {missing[:3]}")
+            await asyncio.sleep(0.1)
+
     async def _collect(self, trainjob: str) -> None:
+        self.made.discard(trainjob)
         cluster = self.cluster
         for plural, name in (("workloads", workload_name(trainjob)), ("jobsets", trainjob)):
             group = constants.KUEUE_GROUP if plural == "workloads" else constants.JOBSET_GROUP
@@ -499,6 +515,7 @@ class Run:
             for round_ in range(self.args.rounds):
                 names = [f"r{round_}-job{i:05d}" for i in range(self.args.jobs)]
                 await self.create(cluster, names, events)
+                await player.settled([f"{name}-1" for name in names])
                 await self.transitions(cluster, names, events, operator)
                 await self.count_duplicates(api)
                 if not self.args.keep:
