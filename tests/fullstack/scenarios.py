@@ -126,22 +126,36 @@ class EventLog:
             f"Finished for {job_id}",
         )
 
+    def delivered(self, job_id: str) -> list[DispatchEvent]:
+        """The job's events as a consumer keeps them: the library delivers at least once, and a
+        transition delivered again (its commit failed, say while the apiserver restarted)
+        carries the same id and the same content, so it is kept once."""
+        kept: dict[str, DispatchEvent] = {}
+        for event in self.of(job_id):
+            assert event.id is not None, f"{job_id}: an event without an id: {event}"
+            first = kept.setdefault(event.id, event)
+            assert first == event, f"{job_id}: id {event.id} delivered as {first} and {event}"
+        return list(kept.values())
+
     def assert_exactly_once(self, job_id: str) -> None:
-        """No transition of the job was reported twice.
+        """No transition of the job was reported twice, once redeliveries (same id) are merged.
 
         An eviction or a restart starts a new round in which Admitted and Running may
         legitimately come again; within one round every (attempt, type, state, cause, reason)
         occurs once, and each attempt finishes at most once.
         """
         rounds: list[list[tuple[Any, ...]]] = [[]]
-        for event in self.of(job_id):
+        for event in self.delivered(job_id):
             if event.type in (EventType.EVICTED, EventType.RESTARTED):
                 rounds.append([])
             rounds[-1].append((event.attempt, event.type, event.state, event.cause, event.reason))
         for keys in rounds:
             repeated = [key for key, count in Counter(keys).items() if count > 1]
-            assert not repeated, f"{job_id}: reported more than once: {repeated}"
-        finished = Counter(e.attempt for e in self.of(job_id) if e.type == EventType.FINISHED)
+            ids = [e.id for e in self.delivered(job_id)]
+            assert not repeated, f"{job_id}: reported more than once: {repeated} (ids {ids})"
+        finished = Counter(
+            e.attempt for e in self.delivered(job_id) if e.type == EventType.FINISHED
+        )
         assert all(count == 1 for count in finished.values()), f"{job_id}: {finished}"
 
 
