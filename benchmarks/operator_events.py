@@ -499,6 +499,7 @@ class Run:
         self.create_seconds = 0.0
         self.delete_seconds = 0.0
         self.duplicates = 0
+        self.undeleted = 0
 
     async def drive(self, operator: Operator, events: Events) -> None:
         api = await api_client(self.plane.kubeconfig)
@@ -617,10 +618,16 @@ class Run:
 
         began = time.time()
         await asyncio.gather(*(one(name) for name in names))
-        await events.wait([(name, DELETED) for name in names], limit=PHASE_LIMIT)
+        keys = [(name, DELETED) for name in names]
+        try:
+            await events.wait(keys, limit=PHASE_LIMIT)
+        except TimeoutError:
+            # The figures of the earlier phases still stand; say how far the deletion got.
+            self.undeleted += sum(key not in events.arrived for key in keys)
         self.marks["delete"].append((began, time.time()))
         self.delete_seconds += time.time() - began
-        progress(f"deleted {len(names)} DispatchJobs, all gone, in {time.time() - began:.1f}s")
+        gone = len(names) - sum(key not in events.arrived for key in keys)
+        progress(f"deleted {len(names)} DispatchJobs, {gone} gone, in {time.time() - began:.1f}s")
 
     def latencies(self, events: Events, seen: dict[tuple[str, str, str], float]) -> dict[str, Any]:
         shown: list[float] = []
@@ -713,6 +720,7 @@ def main() -> int:
             "starts_per_second": round(args.jobs * args.rounds / run.create_seconds, 1),
             "transition_seconds": round(sum(b - a for a, b in run.marks["transition"]), 1),
             "delete_seconds": None if args.keep else round(run.delete_seconds, 1),
+            "still_there_when_deletion_gave_up": run.undeleted,
             "latency_ms": run.latencies(events, seen),
             "operator_requests": run.requests(),
             "operator_peak_rss_mib": peak,
