@@ -209,6 +209,9 @@ class Supervisor:
         self._stopping: dict[str, set[str]] = {}
         self._finished: set[JobKey] = set()
         self._failures: dict[JobKey, int] = {}
+        # Transitions the consumer has taken whose commit failed: committed again on retry,
+        # never delivered again by this supervisor.
+        self._taken: dict[JobKey, Transition] = {}
         # job -> attempt -> the UID of its TrainJob.
         self._uids: dict[str, dict[int, str]] = {}
         self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
@@ -246,6 +249,7 @@ class Supervisor:
             "records": self._reporter.held(),
             "finished": len(self._finished),
             "failures": len(self._failures),
+            "taken": len(self._taken),
             "uids": sum(len(attempts) for attempts in self._uids.values()),
             "stops": len(self._stopped) + len(self._stopping),
         }
@@ -418,7 +422,8 @@ class Supervisor:
                         yield event
                     if delivered is not None:
                         # The consumer took every event and asked for more: now they count.
-                        await self._commit(delivered)
+                        if not await self._commit(delivered):
+                            self._taken[(delivered.job, delivered.attempt)] = delivered
                         delivered = None
         finally:
             await cancel_and_wait(*tasks)
@@ -479,6 +484,11 @@ class Supervisor:
     async def _report(self, key: JobKey) -> Transition | None:
         if self._index.is_forgotten(key):
             return None
+        taken = self._taken.get(key)
+        if taken is not None:
+            if not await self._commit(taken):
+                return None  # tried again later; its events are not delivered again
+            del self._taken[key]
         if key in self._finished:
             self._forget_if_gone(key)
             return None

@@ -16,7 +16,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from dispatch_kubeflow import constants
 from dispatch_kubeflow.adapter import Adapter
 from dispatch_kubeflow.constants import Cause, EventType, State
-from dispatch_kubeflow.errors import DispatchError
+from dispatch_kubeflow.errors import DispatchError, UnavailableError
+from dispatch_kubeflow.reporting import MemoryStore
 from dispatch_kubeflow.trainjob import JobSpec
 from tests.integration.policies import DenyingPolicy
 from tests.integration.test_adapter import adapter, runtime
@@ -265,3 +266,47 @@ async def test_item13_a_finished_job_whose_objects_are_gone_is_forgotten(
     await watcher.wait_until(
         lambda: watcher.of("done0").count(EventType.SUBMITTED) == 2, "done0 submitted again"
     )
+
+
+class FailingCommits(MemoryStore):
+    """The in-memory store, whose first ``failures`` commits fail as an unreachable apiserver."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tried = 0
+
+    async def commit(self, job: str, attempt: int, record: Any, events: Any) -> None:
+        self.tried += 1
+        if self.failures:
+            self.failures -= 1
+            raise UnavailableError("the apiserver is not answering (this test)")
+        await super().commit(job, attempt, record, events)
+
+
+async def test_a_taken_transition_whose_commit_fails_is_committed_again_not_redelivered(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    store = FailingCommits(failures=3)
+    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER, store=store)
+    watcher = Watcher(supervisor).start()
+    try:
+        await world.trainjob("flaky")
+        await watcher.wait_event("flaky", EventType.SUBMITTED)
+
+        async def committed() -> bool:
+            return ("flaky", 1) in store.records
+
+        await eventually(committed, "the Submitted transition committed after 3 failures")
+        assert store.tried == 4
+        await world.trainjob_status("flaky", conditions=[cond("Complete", reason="Done")])
+        await watcher.wait_event("flaky", EventType.FINISHED)
+        await watcher.settle(world, "barrier")
+        assert watcher.of("flaky")[0] == EventType.SUBMITTED
+        assert watcher.of("flaky").count(EventType.SUBMITTED) == 1
+        assert supervisor.held()["taken"] == 0
+    finally:
+        await watcher.stop()
