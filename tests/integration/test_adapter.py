@@ -73,6 +73,11 @@ Obj = dict[str, Any]
 # Helpers
 
 
+# Kueue-mode tests whose probe waits for the garbage collector to take its Workload: that can
+# take longer than the 5 s the other tests wait for a Workload that never comes.
+COLLECTED = Timeouts(workload=timedelta(seconds=30), stop_job=timedelta(seconds=20))
+
+
 def settings_for(plane: ControlPlane, namespace: str, **changes: Any) -> Settings:
     values: dict[str, Any] = {
         "namespace": namespace,
@@ -348,7 +353,7 @@ async def test_probe_passes_in_kueue_mode_when_a_workload_comes(
     kube_api: client.ApiClient,
     garbage_collector: None,
 ) -> None:
-    s = settings_for(cluster, namespace, kueue=Kueue(local_queue="lq"))
+    s = settings_for(cluster, namespace, kueue=Kueue(local_queue="lq"), timeouts=COLLECTED)
     async with (
         kueue_stand_in(kube_api, namespace) as stand_in,
         await Adapter.open(AdapterConfig(settings=s)),
@@ -879,7 +884,7 @@ async def test_stop_job_waits_for_the_workload_in_kueue_mode(
     kube_api: client.ApiClient,
     garbage_collector: None,
 ) -> None:
-    s = settings_for(cluster, namespace, kueue=Kueue(local_queue="lq"))
+    s = settings_for(cluster, namespace, kueue=Kueue(local_queue="lq"), timeouts=COLLECTED)
     async with (
         kueue_stand_in(kube_api, namespace),
         await Adapter.open(AdapterConfig(settings=s)) as opened,
