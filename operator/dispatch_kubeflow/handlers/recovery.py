@@ -7,7 +7,7 @@ raising ``spec.readmit`` (the same attempt runs again) or closes it by setting `
 ``readmitOn`` (at most ``maxReadmissions`` times per attempt), raise ``spec.attempt`` after a
 failure whose cause is in ``retryOn`` (up to ``maxAttempts``), each ``backoff`` after the event.
 Every act is a Kubernetes Event and an entry of ``status.recovery``; a decision is keyed by the
-id of the dispatch event it answers, so it is carried out once, across restarts too.
+id of the dispatch event it answers, and one already in ``status.recovery`` is not taken again.
 """
 
 from __future__ import annotations
