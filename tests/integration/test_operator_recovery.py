@@ -138,13 +138,20 @@ async def patch_spec(scene: Scene, job: str, spec: dict[str, Any]) -> None:
     )
 
 
-async def event_reasons(scene: Scene, job: str) -> list[str]:
-    return [e.reason for e in await scene.kube_events(job)]
+async def event_reasons(scene: Scene, job: str, *wanted: str) -> list[str] | None:
+    """The job's Kubernetes Event reasons once they include every one of ``wanted``."""
+    reasons = [e.reason for e in await scene.kube_events(job)]
+    return reasons if set(wanted) <= set(reasons) else None
 
 
 async def recovery_actions(scene: Scene, job: str) -> list[str]:
     status = (await scene.job(job) or {}).get("status") or {}
     return [entry["action"] for entry in status.get("recovery") or []]
+
+
+async def recorded_actions(scene: Scene, job: str) -> list[str] | None:
+    """The recorded actions once there is one (None before: ``eventually`` waits on None)."""
+    return await recovery_actions(scene, job) or None
 
 
 async def test_a_held_job_says_so_and_spec_readmit_opens_the_gate(gated: Scene) -> None:
@@ -163,8 +170,10 @@ async def test_a_held_job_says_so_and_spec_readmit_opens_the_gate(gated: Scene) 
         return await annotation(scene, "held-1", ANNOTATION_READMIT)
 
     assert await eventually(readmitted, "the readmit annotation") == "1"  # for eviction 1
-    assert await eventually(lambda: recovery_actions(scene, "held"), "the record") == ["Readmitted"]
-    assert "Readmitted" in await eventually(lambda: event_reasons(scene, "held"), "an Event")
+    assert await eventually(lambda: recorded_actions(scene, "held"), "the record") == ["Readmitted"]
+    assert "Readmitted" in await eventually(
+        lambda: event_reasons(scene, "held", "Readmitted"), "an Event"
+    )
 
     await patch_spec(scene, "held", {"reject": "the dataset was withdrawn"})
 
@@ -219,5 +228,7 @@ async def test_a_recovery_policy_readmits_and_retries_without_a_person(gated: Sc
     assert body is not None
     assert body["spec"]["attempt"] == 2
     assert await recovery_actions(scene, "auto") == ["Readmitted", "Retried"]
-    reasons = await eventually(lambda: event_reasons(scene, "auto"), "the Events")
+    reasons = await eventually(
+        lambda: event_reasons(scene, "auto", "Readmitted", "Retried"), "the Events"
+    )
     assert {"Readmitted", "Retried"} <= set(reasons)
