@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio import client
@@ -1035,6 +1036,31 @@ async def test_a_missing_kubeconfig_is_refused(
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ErrUnsupported, match=r"no kubeconfig found .* not running in a pod"):
         await identity(Cluster())
+
+
+async def test_the_proxy_is_read_from_the_environment_once(
+    cluster: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTPS_PROXY and NO_PROXY count when the client is made, as in client-go; not per request."""
+    admin = Cluster(kubeconfig=str(cluster.kubeconfig))
+    for name in ("NO_PROXY", "no_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setenv("HTTPS_PROXY", nowhere)
+    api = await connect(admin, token=None, request_timeout=timedelta(seconds=5))
+    try:
+        with pytest.raises(aiohttp.ClientProxyConnectionError):
+            await whoami(api)
+        monkeypatch.delenv("HTTPS_PROXY")
+        with pytest.raises(aiohttp.ClientProxyConnectionError):
+            await whoami(api)
+    finally:
+        await api.close()
+    monkeypatch.setenv("HTTPS_PROXY", nowhere)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert await identity(admin)
 
 
 async def service_account_token(api: client.ApiClient, namespace: str, name: str) -> str:

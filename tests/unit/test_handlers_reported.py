@@ -9,7 +9,12 @@ from dispatch_kubeflow.constants import STATUS_REPORTED
 from dispatch_kubeflow.handlers import crds
 from dispatch_kubeflow.handlers.adapters import AdapterSession
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
-from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore, record_patch, records_of
+from dispatch_kubeflow.handlers.reported import (
+    DispatchJobStatusStore,
+    record_patch,
+    records_of,
+    slim,
+)
 from dispatch_kubeflow.reporting import ListingReportStore, ReportedRecord
 from dispatch_kubeflow.settings import parse_settings_object
 
@@ -45,6 +50,41 @@ def test_the_patch_sets_one_attempt_and_round_trips() -> None:
     patch = record_patch(3, RUNNING)
     assert patch == {STATUS_REPORTED: {"3": RUNNING.to_json()}}
     assert records_of(dispatch_job("a", patch[STATUS_REPORTED]), "a") == {3: RUNNING}
+
+
+def test_the_store_keeps_what_it_reads_and_drops_the_bookkeeping() -> None:
+    whole = {
+        "apiVersion": "dispatch.example/v1",
+        "kind": "DispatchJob",
+        "metadata": {
+            "name": "train",
+            "namespace": "team",
+            "uid": "u-1",
+            "resourceVersion": "42",
+            "generation": 3,
+            "labels": {"team": "a"},
+            "annotations": {"kopf.zalando.org/last-handled-configuration": "{}" * 500},
+            "managedFields": [{"manager": "kopf", "fieldsV1": {"f:status": {}}}] * 10,
+            "finalizers": ["dispatch/finalizer"],
+        },
+        "spec": {"adapter": "a", "attempt": 2, "runtime": {"name": "torch"}, "image": "x"},
+        "status": {STATUS_REPORTED: {"2": RUNNING.to_json()}, "events": [{"type": "Running"}]},
+    }
+    kept = slim(whole)
+    assert kept == {
+        "apiVersion": "dispatch.example/v1",
+        "kind": "DispatchJob",
+        "metadata": {
+            "name": "train",
+            "namespace": "team",
+            "uid": "u-1",
+            "resourceVersion": "42",
+            "generation": 3,
+        },
+        "spec": {"adapter": "a", "attempt": 2, "runtime": {"name": "torch"}},
+        "status": whole["status"],
+    }
+    assert records_of(kept, "a") == records_of(whole, "a") == {2: RUNNING}
 
 
 def test_the_crd_keeps_the_records_as_strings_by_attempt() -> None:

@@ -20,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.constants import GROUP, MERGE_PATCH, VERSION
 from dispatch_kubeflow.kube.apierrors import is_conflict, is_not_found
+from dispatch_kubeflow.kube.connection import read_environment_once
 
 CONFLICT_RETRIES: Final = 10
 
@@ -41,7 +42,7 @@ async def load_configuration() -> Any:
 
 
 async def open_api_client() -> client.ApiClient:
-    return client.ApiClient(await load_configuration())
+    return read_environment_once(client.ApiClient(await load_configuration()))
 
 
 async def connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:

@@ -75,6 +75,27 @@ def records_of(body: Mapping[str, Any] | None, adapter: str) -> dict[int, Report
     return records
 
 
+SLIM_METADATA: Final = ("name", "namespace", "uid", "resourceVersion", "generation")
+SLIM_SPEC: Final = ("adapter", "attempt", "runtime")
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the store reads of a DispatchJob, kept instead of the whole body.
+
+    A DispatchJob's managedFields and kopf's annotations outweigh the rest of it several times;
+    the store needs the identity an Event names, the spec fields that route and label a
+    transition, and the status it folds into.
+    """
+    metadata, spec = body.get("metadata") or {}, body.get("spec") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {key: metadata[key] for key in SLIM_METADATA if key in metadata},
+        "spec": {key: spec[key] for key in SLIM_SPEC if key in spec},
+        "status": body.get("status") or {},
+    }
+
+
 def record_patch(attempt: int, record: ReportedRecord) -> dict[str, Any]:
     """The status merge patch that sets one attempt's record and leaves the others alone."""
     return {STATUS_REPORTED: {str(attempt): record.to_json()}}
@@ -135,6 +156,7 @@ class DispatchJobStatusStore:
             DISPATCH_JOB_KIND,
             self._list_page,
             self._noted,
+            trim=slim,
             request_timeout=request_timeout,
         )
         self._task: asyncio.Task[None] | None = None
@@ -225,7 +247,7 @@ class DispatchJobStatusStore:
                     raise
                 current = await self._read(job)
                 continue
-            informer.cache[f"{self._namespace}/{job}"] = written
+            informer.cache[f"{self._namespace}/{job}"] = slim(written)
             self._observe(written, new)
             for event in new:
                 self._post_event(

@@ -9,6 +9,12 @@ certificates, basic auth, exec plugins are not used at all).
 The client counts its requests and bounds every non-streaming one by ``timeouts.request``;
 watches are bounded by their own ``timeoutSeconds`` instead. Like client-go, it sends a request
 again when the apiserver answers 429 (it did not act on it), after ``Retry-After``.
+
+kubernetes_asyncio's HTTP session trusts the environment, which makes aiohttp look up the proxy
+variables and read ``~/.netrc`` in a thread on every request (7% of the operator's CPU under
+load). ``read_environment_once`` gives a client a session that takes the proxy for the
+apiserver from the environment once, as client-go's ``ProxyFromEnvironment`` does; ``.netrc``,
+which client-go never reads, is not read.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
@@ -34,6 +41,7 @@ from kubernetes_asyncio.config.kube_config import (
     KubeConfigLoader,
     KubeConfigMerger,
 )
+from yarl import URL
 
 from dispatch_kubeflow.errors import ErrUnsupported
 from dispatch_kubeflow.kube.apierrors import HTTP_TOO_MANY_REQUESTS
@@ -50,6 +58,7 @@ class ApiClientWithTimeouts(ApiClient):
 
     def __init__(self, configuration: Any, request_timeout: timedelta) -> None:
         super().__init__(configuration)
+        read_environment_once(self)
         self.request_timeout = request_timeout.total_seconds()
         self.requests = 0
 
@@ -86,6 +95,29 @@ class ApiClientWithTimeouts(ApiClient):
                     raise
                 await asyncio.sleep(_retry_after(error))
         raise AssertionError("unreachable")
+
+
+READ_BUFFER = 2**21  # as kubernetes_asyncio's: a watch event may carry a 1.5 MiB object
+
+
+def read_environment_once(api: ApiClient) -> ApiClient:
+    """Give ``api`` a session that does not consult the environment on every request."""
+    rest = api.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=old.connector, trust_env=False, read_bufsize=READ_BUFFER
+    )
+    old.detach()
+    if not rest.proxy and api.configuration.host:
+        try:
+            proxy, auth = get_env_proxy_for_url(URL(api.configuration.host))
+        except LookupError:
+            return api
+        rest.proxy = str(proxy)
+        if auth is not None:
+            headers = dict(rest.proxy_headers or {})
+            rest.proxy_headers = {**headers, "Proxy-Authorization": auth.encode()}
+    return api
 
 
 def _retry_after(error: ApiException) -> float:
