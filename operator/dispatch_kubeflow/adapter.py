@@ -127,7 +127,7 @@ class Adapter:
 
     async def find(self, job_id: str) -> Found:
         """Everything of the job read back, with state and cause; ``ErrNotFound`` for nothing."""
-        return await finding.find(self.scope, job_id)
+        return await finding.find(self.scope, job_id, self.supervisor.trainjob_uids(job_id))
 
     async def readmit(self, job_id: str) -> None:
         """Open the readmission gate of the job's current TrainJob for its latest eviction."""

@@ -1,10 +1,13 @@
 """find (SPEC §3): everything of one job read back, sorted into attempts, with its status.
 
 A job's objects are its TrainJobs, JobSets and pods (found by our labels) and, in Kueue mode,
-its Workloads (found by owner reference, since Kueue labels them with their owner's uid, not
-with ours; that also finds those of deleted TrainJobs). Each object belongs to the attempt our
-label names, else to the attempt in its TrainJob owner's name. Each attempt's status is derived
-the way the watch derives it (``derivation.derive``, ``index.node_taints``,
+its Workloads. Kueue labels a Workload with its TrainJob's uid (``kueue.x-k8s.io/job-uid``), not
+with ours, so the Workloads are selected by the uids of the TrainJobs read and of those the
+caller already knows (the watch's, and those a stop deleted), which finds the Workloads of
+deleted TrainJobs too and reads only the job's own. Knowing no uid at all, the namespace's
+Workloads are read and matched by their TrainJob owner's name. Each object belongs to the attempt
+our label names, else to the attempt in its TrainJob owner's name. Each attempt's status is
+derived the way the watch derives it (``derivation.derive``, ``index.node_taints``,
 ``index.loss_taints_of``), from what one read shows. ``stop_job`` reads back through
 ``objects_of`` too, until nothing is left.
 """
@@ -29,6 +32,7 @@ from dispatch_kubeflow.constants import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_ATTEMPT,
+    LABEL_KUEUE_JOB_UID,
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
@@ -128,10 +132,13 @@ def check_job_id(job_id: str) -> None:
         )
 
 
-async def find(scope: Scope, job_id: str) -> Found:
-    """Everything of the job read back, with state and cause; ``ErrNotFound`` for nothing."""
+async def find(scope: Scope, job_id: str, known_uids: Iterable[str] = ()) -> Found:
+    """Everything of the job read back, with state and cause; ``ErrNotFound`` for nothing.
+
+    ``known_uids`` are uids of the job's TrainJobs the caller has seen, perhaps deleted since.
+    """
     check_job_id(job_id)
-    objects = await objects_of(scope, job_id)
+    objects = await objects_of(scope, job_id, known_uids)
     if objects.empty():
         raise NotFoundError(f"job {job_id}: nothing of it exists in namespace {scope.namespace!r}")
     taints = await _node_taints(scope, objects.pods)
@@ -188,22 +195,40 @@ def _attempt_found(
     )
 
 
-async def objects_of(scope: Scope, job_id: str) -> JobObjects:
-    """Every object of the job there is now, each kind read with one (paged) LIST."""
+async def objects_of(scope: Scope, job_id: str, known_uids: Iterable[str] = ()) -> JobObjects:
+    """Every object of the job there is now, each kind read with one (paged) LIST.
+
+    The TrainJobs are read first: their uids select the Workloads.
+    """
     selector = job_selector(scope.adapter_name, job_id)
-    trainjobs, jobsets, pods, workloads = await asyncio.gather(
-        _list(scope, _custom_list(scope, TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, selector)),
+    trainjobs = await _list(
+        scope, _custom_list(scope, TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, selector)
+    )
+    uids = {*known_uids, *uids_of(trainjobs)}
+    jobsets, pods, workloads = await asyncio.gather(
         _list(scope, _custom_list(scope, JOBSET_GROUP, JOBSET_VERSION, JOBSETS, selector)),
         _list(scope, _pod_list(scope, selector)),
-        _workloads_of(scope, job_id),
+        _workloads_of(scope, job_id, uids),
     )
     return JobObjects(trainjobs=trainjobs, jobsets=jobsets, pods=pods, workloads=workloads)
 
 
-async def _workloads_of(scope: Scope, job_id: str) -> list[Obj]:
+def uids_of(objects: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The uids of ``objects`` (TrainJobs read or deleted), for ``objects_of``'s ``known_uids``."""
+    return {uid for o in objects if (uid := text(dig(o, "metadata", "uid")))}
+
+
+def workload_selector(uids: Iterable[str]) -> str:
+    """Kueue's label for the Workloads of the TrainJobs with these uids; empty for none."""
+    chosen = sorted(set(uids))
+    return f"{LABEL_KUEUE_JOB_UID} in ({','.join(chosen)})" if chosen else ""
+
+
+async def _workloads_of(scope: Scope, job_id: str, uids: set[str]) -> list[Obj]:
     if scope.settings.kueue is None:
         return []
-    items = await _list(scope, _custom_list(scope, KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, ""))
+    selector = workload_selector(uids)
+    items = await _list(scope, _custom_list(scope, KUEUE_GROUP, KUEUE_VERSION, WORKLOADS, selector))
     return [w for w in items if attempt_of(job_id, w) is not None]
 
 

@@ -3,9 +3,10 @@
 Deleting the TrainJobs is enough: the garbage collector takes their JobSets, pods and Workloads
 after them (background propagation, so the TrainJob goes at once). Whether it has is only known
 by reading back, so ``stop`` repeats ``finding.objects_of`` (quickly at first, then slower, so a
-quick stop costs few requests) until nothing of the job is left, and past the bound names what
-remains and what holds it. ``start`` deletes through ``delete_trainjobs`` too, when Kueue makes
-no Workload for its TrainJob.
+quick stop costs few requests) until nothing of the job is left (selecting the Workloads by the
+uids of every TrainJob the stop deleted, read, or was told of by the watch), and past the bound
+names what remains and what holds it. ``start`` deletes through ``delete_trainjobs`` too, when
+Kueue makes no Workload for its TrainJob.
 
 ``stop_job`` tells the watch what it is doing, so the job's end is reported truly: the watch may
 call an attempt Stopped only once the deletion is accepted. Before that (``note_stopping``) an
@@ -23,7 +24,7 @@ from kubernetes_asyncio import client
 
 from dispatch_kubeflow.constants import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
 from dispatch_kubeflow.errors import DispatchError, OutcomeUnknownError
-from dispatch_kubeflow.finding import objects_of
+from dispatch_kubeflow.finding import objects_of, uids_of
 from dispatch_kubeflow.gotime import format_duration
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, to_dispatch_error
 from dispatch_kubeflow.scope import Scope
@@ -43,6 +44,8 @@ class StopNotes(Protocol):
 
     def note_stopped(self, job: str) -> None: ...
 
+    def trainjob_uids(self, job: str) -> set[str]: ...
+
 
 async def stop_job(scope: Scope, notes: StopNotes, job_id: str, within: timedelta) -> None:
     """``stop``, telling the watch when the deletion is under way, accepted, or refused.
@@ -52,29 +55,37 @@ async def stop_job(scope: Scope, notes: StopNotes, job_id: str, within: timedelt
     """
     notes.note_stopping(job_id)
     try:
-        await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
+        deleted = await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
     except OutcomeUnknownError:
         raise
     except DispatchError:
         notes.note_stop_refused(job_id)
         raise
     notes.note_stopped(job_id)
-    await wait_until_gone(scope, job_id, within)
+    await wait_until_gone(scope, job_id, within, deleted | notes.trainjob_uids(job_id))
 
 
 async def stop(scope: Scope, job_id: str, within: timedelta) -> None:
     """Delete the job's TrainJobs; ``ErrOutcomeUnknown`` naming what remains after ``within``."""
-    await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
-    await wait_until_gone(scope, job_id, within)
+    deleted = await delete_trainjobs(scope, job_selector(scope.adapter_name, job_id))
+    await wait_until_gone(scope, job_id, within, deleted)
 
 
-async def wait_until_gone(scope: Scope, job_id: str, within: timedelta) -> None:
-    """Read back until nothing of the job is left; past ``within``, name what remains."""
+async def wait_until_gone(
+    scope: Scope, job_id: str, within: timedelta, known_uids: set[str] | None = None
+) -> None:
+    """Read back until nothing of the job is left; past ``within``, name what remains.
+
+    ``known_uids`` (TrainJobs of the job, perhaps gone) grows with every TrainJob read back, so a
+    Workload that outlives its TrainJob is still found.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within.total_seconds()
     pause = FIRST_POLL
+    uids = set(known_uids or ())
     while True:
-        objects = await objects_of(scope, job_id)
+        objects = await objects_of(scope, job_id, uids)
+        uids |= uids_of(objects.trainjobs)
         if objects.empty():
             return
         if loop.time() >= deadline:
@@ -86,11 +97,14 @@ async def wait_until_gone(scope: Scope, job_id: str, within: timedelta) -> None:
         pause = min(pause * 2, LONGEST_POLL)
 
 
-async def delete_trainjobs(scope: Scope, selector: str, *, field: bool = False) -> None:
-    """Delete the TrainJobs a label selector (or, with ``field``, a field selector) picks."""
+async def delete_trainjobs(scope: Scope, selector: str, *, field: bool = False) -> set[str]:
+    """Delete the TrainJobs a label selector (or, with ``field``, a field selector) picks.
+
+    Returns the uids of the TrainJobs the apiserver says it deleted.
+    """
     options = client.V1DeleteOptions(propagation_policy="Background")
     try:
-        await scope.custom.delete_collection_namespaced_custom_object(
+        deleted = await scope.custom.delete_collection_namespaced_custom_object(
             TRAINER_GROUP,
             TRAINER_VERSION,
             scope.namespace,
@@ -103,3 +117,5 @@ async def delete_trainjobs(scope: Scope, selector: str, *, field: bool = False) 
         raise to_dispatch_error(
             f"deleting TrainJobs ({selector})", error, verb="deletecollection", resource=TRAINJOBS
         ) from None
+    items = deleted.get("items") if isinstance(deleted, dict) else None
+    return uids_of(items if isinstance(items, list) else ())

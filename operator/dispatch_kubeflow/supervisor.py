@@ -275,6 +275,10 @@ class Supervisor:
     def _uids_of(self, job: str) -> set[str]:
         return set(self._uids.get(job, {}).values())
 
+    def trainjob_uids(self, job: str) -> set[str]:
+        """The uids of every TrainJob of ``job`` the watch has seen and not yet forgotten."""
+        return self._uids_of(job) | self._stopping.get(job, set()) | self._stopped.get(job, set())
+
     def _is_stopped(self, key: JobKey) -> bool:
         train_job = self._index.train_jobs.get(key)
         stopped = self._stopped.get(key[0])

@@ -899,6 +899,75 @@ async def test_stop_job_waits_for_the_workload_in_kueue_mode(
             await opened.find("queued")
 
 
+async def hold_workload(api: client.ApiClient, namespace: str, name: str, hold: bool) -> None:
+    objects: Any = client.CustomObjectsApi(api)  # its signature omits _content_type
+    await objects.patch_namespaced_custom_object(
+        *KUEUE,
+        namespace,
+        "workloads",
+        name,
+        {"metadata": {"finalizers": [HOLD] if hold else None}},
+        _content_type=MERGE_PATCH,
+    )
+
+
+def workload_selectors(adapter: Adapter) -> list[str]:
+    """The label selectors of the adapter's Workload LISTs from now on (the calls go through)."""
+    custom = adapter.scope.custom
+    listed: list[str] = []
+    original = custom.list_namespaced_custom_object
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        if args[3] == "workloads" and not kwargs.get("watch"):
+            listed.append(kwargs.get("label_selector", ""))
+        return await original(*args, **kwargs)
+
+    custom.list_namespaced_custom_object = recording
+    return listed
+
+
+async def test_a_workload_that_outlives_its_trainjob_is_found_by_its_uid(
+    cluster: ControlPlane,
+    namespace: str,
+    runtime: Obj,
+    kube_api: client.ApiClient,
+    garbage_collector: None,
+) -> None:
+    """Kueue's finalizer can hold a Workload after its TrainJob is gone: stop_job waits for it,
+    and a later adapter, which never saw the TrainJob, still finds it."""
+    s = settings_for(
+        cluster,
+        namespace,
+        kueue=Kueue(local_queue="lq"),
+        timeouts=Timeouts(workload=timedelta(seconds=30), stop_job=timedelta(seconds=3)),
+    )
+    async with kueue_stand_in(kube_api, namespace):
+        async with await Adapter.open(AdapterConfig(settings=s)) as opened:
+            held = await opened.start(JobSpec(job_id="held"))
+            other = await opened.start(JobSpec(job_id="other"))
+            assert held.workload is not None
+            await hold_workload(kube_api, namespace, held.workload, hold=True)
+            selectors = workload_selectors(opened)
+            message = await raises(ErrOutcomeUnknown, opened.stop_job("held"))
+            # Each read-back asked for this job's Workloads only, never the namespace's.
+            assert selectors
+            assert set(selectors) == {f"{LABEL_KUEUE_JOB_UID} in ({held.uid})"}
+            assert message.endswith(f"Workload/{held.workload} (finalizers: {HOLD})")
+            names = [t["metadata"]["name"] for t in await list_trainjobs(kube_api, namespace)]
+            assert names == ["other-1"]
+        async with await Adapter.open(AdapterConfig(settings=s)) as later:
+            found = await later.find("held")
+            assert found.remaining() == [f"Workload/{held.workload} (finalizers: {HOLD})"]
+            await hold_workload(kube_api, namespace, held.workload, hold=False)
+            await later.stop_job("held")
+            with pytest.raises(ErrNotFound):
+                await later.find("held")
+            assert (await later.find("other")).remaining() == [
+                "TrainJob/other-1",
+                f"Workload/{other.workload}",
+            ]
+
+
 async def test_start_in_kueue_mode_deletes_the_trainjob_when_no_workload_comes(
     cluster: ControlPlane,
     namespace: str,

@@ -9,6 +9,8 @@ from typing import Any, cast
 
 import kopf
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dispatch_kubeflow.cli import build_parser
 from dispatch_kubeflow.constants import FINALIZER, GROUP
@@ -27,7 +29,7 @@ from dispatch_kubeflow.handlers.adapters import (
 )
 from dispatch_kubeflow.handlers.jobs import job_spec
 from dispatch_kubeflow.handlers.reported import event_kind, event_message
-from dispatch_kubeflow.handlers.startup import apply_settings
+from dispatch_kubeflow.handlers.startup import DIFFBASE_KEY, SpecDiffBaseStorage, apply_settings
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SPEC: dict[str, Any] = {
@@ -246,10 +248,56 @@ def test_kopf_bookkeeping_uses_the_project_prefix_and_finalizer() -> None:
     progress = settings.persistence.progress_storage
     diffbase = settings.persistence.diffbase_storage
     assert isinstance(progress, kopf.AnnotationsProgressStorage)
-    assert isinstance(diffbase, kopf.AnnotationsDiffBaseStorage)
+    assert isinstance(diffbase, SpecDiffBaseStorage)
     assert progress.prefix == GROUP
     assert diffbase.prefix == GROUP
     assert settings.peering.standalone is True
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+ANNOTATION_KEYS = st.sampled_from(
+    [
+        f"{GROUP}/{DIFFBASE_KEY}",
+        f"{GROUP}/other",
+        "team/a",
+        "kubectl.kubernetes.io/last-applied-configuration",
+    ]
+)
+
+
+@given(
+    spec=JSON_VALUES,
+    status=JSON_VALUES,
+    labels=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    annotations=st.dictionaries(ANNOTATION_KEYS, st.text(max_size=5), max_size=4),
+    extra=st.dictionaries(st.sampled_from(["data", "spec2"]), JSON_VALUES, max_size=2),
+)
+def test_the_lean_diffbase_builds_the_essence_kopf_builds(
+    spec: Any, status: Any, labels: Any, annotations: Any, extra: Any
+) -> None:
+    body = {
+        "apiVersion": "x/v1",
+        "kind": "DispatchJob",
+        "metadata": {
+            "name": "a",
+            "labels": labels,
+            "annotations": annotations,
+            "managedFields": [{"manager": "kopf"}],
+        },
+        "spec": spec,
+        "status": status,
+        **extra,
+    }
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
+    lean = SpecDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
+    wrapped = kopf.Body(cast(kopf.RawBody, body))
+    assert lean.build(body=wrapped) == kopfs.build(body=wrapped)
 
 
 def test_run_command_parses_its_options() -> None:

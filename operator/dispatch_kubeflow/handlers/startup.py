@@ -12,7 +12,8 @@ plain ``kopf run``. The served endpoint's port is put back in the memo as ``metr
 from __future__ import annotations
 
 import os
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Any, Final, cast
 
 import kopf
 
@@ -35,11 +36,33 @@ REQUEST_TIMEOUT: Final = 60
 CONSISTENCY_TIMEOUT: Final = 60.0
 
 
+class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's annotation diff-base, built without first deep-copying what it then drops.
+
+    kopf builds the essence it compares on every watch event by deep-copying the whole body and
+    then deleting the status and the metadata. A DispatchJob's status and managedFields are
+    most of it and change with every transition, so the copy is made of the rest only; the
+    essence is the same (the spec and whatever else sits at the top, the labels and
+    annotations).
+    """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        fields = list(extra_fields or ())
+        if fields:
+            return super().build(body=body, extra_fields=fields)
+        metadata = body.get("metadata") or {}
+        lean: dict[str, Any] = {k: v for k, v in body.items() if k not in ("metadata", "status")}
+        lean["metadata"] = {k: metadata[k] for k in ("labels", "annotations") if k in metadata}
+        return super().build(body=kopf.Body(cast(kopf.RawBody, lean)))
+
+
 def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = SpecDiffBaseStorage(
         prefix=GROUP, key=DIFFBASE_KEY
     )
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
