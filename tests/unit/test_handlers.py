@@ -17,6 +17,7 @@ from dispatch_kubeflow.constants import FINALIZER, GROUP
 from dispatch_kubeflow.errors import ErrInvalid, ErrUnsupported, ForbiddenError, ProbeError
 from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.handlers.adapters import (
+    POSTERS,
     forbidden_reason,
     heartbeat_status,
     invalid_status,
@@ -28,6 +29,7 @@ from dispatch_kubeflow.handlers.adapters import (
     watch_blocked_status,
 )
 from dispatch_kubeflow.handlers.jobs import job_spec
+from dispatch_kubeflow.handlers.registry import job_events_choice
 from dispatch_kubeflow.handlers.reported import event_kind, event_message
 from dispatch_kubeflow.handlers.startup import DIFFBASE_KEY, SpecDiffBaseStorage, apply_settings
 
@@ -308,3 +310,30 @@ def test_run_command_parses_its_options() -> None:
     assert args.events_to == "stderr"
     assert args.liveness == "http://x/healthz"
     assert args.log_format == "json"
+    assert args.job_events == "all"
+    chosen = build_parser().parse_args(["run", "--job-events", "warnings"])
+    assert chosen.job_events == "warnings"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--job-events", "some"])
+
+
+@pytest.mark.parametrize(
+    ("choice", "posted"),
+    [("all", ["Normal", "Warning"]), ("warnings", ["Warning"]), ("none", [])],
+)
+def test_job_events_choose_which_dispatch_events_become_kubernetes_events(
+    choice: str, posted: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(kopf, "event", lambda *_, type, **__: seen.append(type))
+    body = {"metadata": {"name": "a", "namespace": "n"}}
+    for kind in ("Normal", "Warning"):
+        POSTERS[choice](body, kind, "Running", "attempt 1: Running")
+    assert seen == posted
+
+
+def test_a_job_events_environment_value_outside_the_choices_is_refused() -> None:
+    assert job_events_choice(None) == "all"
+    assert job_events_choice("none") == "none"
+    with pytest.raises(ValueError, match=r"DISPATCH_KUBEFLOW_JOB_EVENTS='some' is not one of all"):
+        job_events_choice("some")

@@ -374,6 +374,22 @@ def post_kubernetes_event(body: Mapping[str, Any], kind: str, reason: str, messa
     kopf.event(cast(kopf.Body, dict(body)), type=kind, reason=reason, message=message)
 
 
+def post_warning_event(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    if kind == "Warning":
+        post_kubernetes_event(body, kind, reason, message)
+
+
+def post_no_event(_body: Mapping[str, Any], _kind: str, _reason: str, _message: str) -> None:
+    return None
+
+
+POSTERS: Final = {
+    "all": post_kubernetes_event,
+    "warnings": post_warning_event,
+    "none": post_no_event,
+}
+
+
 @kopf.daemon(GROUP, VERSION, KUBEFLOW_ADAPTERS, cancellation_timeout=CANCELLATION_TIMEOUT)
 async def serve_adapter(
     body: kopf.Body,
@@ -398,7 +414,7 @@ async def serve_adapter(
             spec=dict(body.get("spec") or {}),
             registry=memo.registry,
             event_lines=memo.event_lines,
-            post_event=post_kubernetes_event,
+            post_event=POSTERS[memo.get("job_events", "all")],
             logger=logger,
         )
         logger.info("serving generation %s", session.generation)

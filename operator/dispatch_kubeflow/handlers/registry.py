@@ -16,6 +16,17 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 EVENTS_TO_ENV: Final = "DISPATCH_KUBEFLOW_EVENTS_TO"
+JOB_EVENTS_ENV: Final = "DISPATCH_KUBEFLOW_JOB_EVENTS"
+# Which dispatch events are also posted as Kubernetes Events on their DispatchJob.
+JOB_EVENTS: Final = ("all", "warnings", "none")
+
+
+def job_events_choice(value: str | None) -> str:
+    """``--job-events`` (or its environment variable); ``ValueError`` names the choices."""
+    chosen = value or "all"
+    if chosen not in JOB_EVENTS:
+        raise ValueError(f"{JOB_EVENTS_ENV}={chosen!r} is not one of {', '.join(JOB_EVENTS)}")
+    return chosen
 
 
 @dataclass

@@ -10,6 +10,7 @@ the pod's service account, else ``KUBECONFIG`` / ``~/.kube/config`` (or ``--kube
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -58,6 +59,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=("json", "plain"), default="json", help="default: json"
     )
     parser.add_argument(
+        "--job-events",
+        choices=("all", "warnings", "none"),
+        default="all",
+        help="which dispatch events are also Kubernetes Events on their DispatchJob: all, only "
+        "the Warning ones (evictions, node loss, restarts, vanishing, failures), or none; "
+        "default all",
+    )
+    parser.add_argument(
         "--events-to",
         metavar="WHERE",
         default="stdout",
@@ -93,8 +102,15 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     configure_logging(args.log_level, args.log_format)
-    memo = kopf.Memo(event_lines=EventLines(args.events_to), metrics_server=server)
+    memo = kopf.Memo(
+        event_lines=EventLines(args.events_to),
+        metrics_server=server,
+        job_events=args.job_events,
+    )
     namespaces: list[str] = list(args.namespaces)
+    # What is loaded by now lives as long as the process: the garbage collector's full passes
+    # need not walk it (90,000 objects, most of them kubernetes_asyncio's models).
+    gc.freeze()
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,

@@ -20,7 +20,13 @@ import kopf
 from dispatch_kubeflow import metrics
 from dispatch_kubeflow.constants import FINALIZER, GROUP
 from dispatch_kubeflow.handlers.kube import connection_info, open_api_client
-from dispatch_kubeflow.handlers.registry import EVENTS_TO_ENV, AdapterRegistry, EventLines
+from dispatch_kubeflow.handlers.registry import (
+    EVENTS_TO_ENV,
+    JOB_EVENTS_ENV,
+    AdapterRegistry,
+    EventLines,
+    job_events_choice,
+)
 
 DIFFBASE_KEY: Final = "last-handled-configuration"
 METRICS_ADDRESS_ENV: Final = "DISPATCH_KUBEFLOW_METRICS_ADDRESS"
@@ -62,9 +68,7 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = SpecDiffBaseStorage(
-        prefix=GROUP, key=DIFFBASE_KEY
-    )
+    settings.persistence.diffbase_storage = SpecDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     settings.watching.connect_timeout = CONNECT_TIMEOUT
@@ -81,6 +85,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.registry = AdapterRegistry()
     if "event_lines" not in memo:
         memo.event_lines = EventLines(os.environ.get(EVENTS_TO_ENV))
+    if "job_events" not in memo:
+        memo.job_events = job_events_choice(os.environ.get(JOB_EVENTS_ENV))
     if "api" not in memo:
         memo.api = await open_api_client()
     serve_metrics(memo)
