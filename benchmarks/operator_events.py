@@ -274,13 +274,16 @@ def observe(kubeconfig: str, namespace: str, out: Any, ready: Any) -> None:
 class Operator:
     """``dispatch-kubeflow run`` for one namespace, as its own user; its memory and CPU."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, job_events: str) -> None:
         command = shutil.which("dispatch-kubeflow") or str(
             Path(sys.executable).parent / "dispatch-kubeflow"
         )
         self._log = log.open("wb")
         self.process = subprocess.Popen(
-            [command, "run", "--namespace", namespace, "--events-to", "none"],
+            [
+                *(command, "run", "--namespace", namespace, "--events-to", "none"),
+                *("--job-events", job_events),
+            ],
             env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
             stdout=subprocess.DEVNULL,
             stderr=self._log,
@@ -675,6 +678,12 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="record py-spy's raw stacks here")
     parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
+    parser.add_argument(
+        "--job-events",
+        choices=("all", "warnings", "none"),
+        default="all",
+        help="the operator's --job-events: which transitions also post a Kubernetes Event",
+    )
     args = parser.parse_args()
     if args.keep and args.rounds != 1:
         parser.error("--keep runs one round")
@@ -696,7 +705,10 @@ def main() -> int:
         events = Events(shown_out)
         operator_config = plane.kubeconfig_for(OPERATOR_USER, ["system:masters"])
         operator = Operator(
-            operator_config, args.namespace, args.operator_log or plane.run_dir / "operator.log"
+            operator_config,
+            args.namespace,
+            args.operator_log or plane.run_dir / "operator.log",
+            args.job_events,
         )
         run = Run(args, plane)
         try:
@@ -716,6 +728,7 @@ def main() -> int:
             "rounds": args.rounds,
             "transitions": transitions,
             "rate_limit_per_second": args.rate or None,
+            "job_events": args.job_events,
             "create_seconds": round(run.create_seconds, 1),
             "starts_per_second": round(args.jobs * args.rounds / run.create_seconds, 1),
             "transition_seconds": round(sum(b - a for a, b in run.marks["transition"]), 1),
