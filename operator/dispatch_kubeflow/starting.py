@@ -6,15 +6,18 @@ it, and a changed request for the same attempt is refused. A create whose answer
 timeout, a 5xx) is decided by reading the TrainJob back; when that read cannot tell either, the
 outcome is ``ErrOutcomeUnknown``, never a guess.
 
-In Kueue mode a TrainJob without a Workload would wait forever unseen, so ``start`` waits (one
-LIST+WATCH, ``kube.informer.wait_for``) up to ``timeouts.workload`` for Kueue to make one; if
-none comes it deletes the TrainJob and says why Kueue likely did not.
+In Kueue mode a TrainJob without a Workload would wait forever unseen, so ``start`` waits up to
+``timeouts.workload`` for Kueue to make one: on the adapter's own Workload watch while it serves
+(no request), else with one LIST+WATCH (``kube.informer.wait_for``). If none comes it deletes the
+TrainJob and says why Kueue likely did not.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
-from typing import Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -69,14 +72,27 @@ from dispatch_kubeflow.trainjob import (
 Obj = dict[str, Any]
 
 
+class WorkloadWatch(Protocol):
+    """A running watch of the namespace's Workloads (``Supervisor`` is one)."""
+
+    async def workload_of(self, trainjob_uid: str, within: timedelta) -> Obj | None:
+        """The Workload, None if none came within ``within``; ``LookupError`` if not watching."""
+        ...
+
+
 async def start(
     scope: Scope,
     job: JobSpec,
     *,
     suspend: bool = False,
     extra_labels: Mapping[str, str] | None = None,
+    workloads: WorkloadWatch | None = None,
 ) -> JobRef:
-    """Create the TrainJob of ``job`` (idempotently), and in Kueue mode see its Workload."""
+    """Create the TrainJob of ``job`` (idempotently), and in Kueue mode see its Workload.
+
+    With ``workloads`` (the adapter's own watch), the Workload is awaited there, which costs no
+    request; without it, or while that watch cannot answer, by a LIST and a WATCH of its own.
+    """
     settings = scope.settings
     runtime = resolve_runtime(job, settings)
     if settings.runtimes and runtime not in settings.runtimes:
@@ -94,7 +110,7 @@ async def start(
     ref = _ref_of(job, runtime, trainjob)
     if settings.kueue is None:
         return ref
-    workload = await _wait_for_workload(scope, trainjob)
+    workload = await _wait_for_workload(scope, trainjob, workloads)
     return ref.model_copy(update={"workload": name_of(workload)})
 
 
@@ -208,10 +224,31 @@ def _ref_of(job: JobSpec, runtime: RuntimeRef, trainjob: Obj) -> JobRef:
     )
 
 
-async def _wait_for_workload(scope: Scope, trainjob: Obj) -> Obj:
+async def _wait_for_workload(
+    scope: Scope, trainjob: Obj, workloads: WorkloadWatch | None = None
+) -> Obj:
     """The Workload Kueue makes for ``trainjob``; else the TrainJob goes and the start fails."""
     name = name_of(trainjob)
     timeout = scope.settings.timeouts.workload
+    workload = await _watched_workload(scope, trainjob, workloads)
+    if workload is not None:
+        return workload
+    reason = await _why_no_workload(scope)
+    await delete_trainjobs(scope, f"metadata.name={name}", field=True)
+    raise UnsupportedError(
+        f"Kueue made no Workload for TrainJob {name} within {format_duration(timeout)}: "
+        f"{reason}; the TrainJob was deleted"
+    )
+
+
+async def _watched_workload(
+    scope: Scope, trainjob: Obj, workloads: WorkloadWatch | None
+) -> Obj | None:
+    timeout = scope.settings.timeouts.workload
+    if workloads is not None:
+        with contextlib.suppress(LookupError):
+            return await workloads.workload_of(uid_of(trainjob), timeout)
+    name = name_of(trainjob)
     selector = f"{LABEL_KUEUE_JOB_UID}={uid_of(trainjob)}"
 
     async def list_workloads(**options: Any) -> Any:
@@ -224,20 +261,12 @@ async def _wait_for_workload(scope: Scope, trainjob: Obj) -> Obj:
             **options,
         )
 
-    workload = await wait_for(
+    return await wait_for(
         list_workloads,
         lambda _: True,
         what=f"waiting for the Kueue Workload of TrainJob {name}",
         within=timeout,
         request_timeout=scope.settings.timeouts.request,
-    )
-    if workload is not None:
-        return workload
-    reason = await _why_no_workload(scope)
-    await delete_trainjobs(scope, f"metadata.name={name}", field=True)
-    raise UnsupportedError(
-        f"Kueue made no Workload for TrainJob {name} within {format_duration(timeout)}: "
-        f"{reason}; the TrainJob was deleted"
     )
 
 

@@ -39,6 +39,7 @@ from dispatch_kubeflow.constants import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_ADAPTER,
+    LABEL_KUEUE_JOB_UID,
     LABEL_PROBE,
     LEASES,
     MERGE_PATCH,
@@ -59,7 +60,13 @@ from dispatch_kubeflow.kube.apierrors import (
     to_dispatch_error,
 )
 from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
-from dispatch_kubeflow.kube.objects import annotations_of, is_deleting, name_of, uid_of
+from dispatch_kubeflow.kube.objects import (
+    annotations_of,
+    is_deleting,
+    labels_of,
+    name_of,
+    uid_of,
+)
 from dispatch_kubeflow.reporting import (
     ListingReportStore,
     ReportedRecord,
@@ -215,6 +222,9 @@ class Supervisor:
         # job -> attempt -> the UID of its TrainJob.
         self._uids: dict[str, dict[int, str]] = {}
         self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
+        # TrainJob uid -> starts waiting for Kueue's Workload of it (``workload_of``).
+        self._workload_waiters: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
+        self._watching = False
         self.informers: list[Informer] = []
         self._heartbeat: LeaseHeartbeat | None = None
 
@@ -307,11 +317,52 @@ class Supervisor:
         # The preflight probe's TrainJob (and its JobSet and pods) is the adapter's own, not a job.
         return f"{LABEL_ADAPTER}={self.adapter_name},!{LABEL_PROBE}"
 
+    async def workload_of(self, trainjob_uid: str, within: timedelta) -> dict[str, Any] | None:
+        """Kueue's Workload of a TrainJob, as this supervisor's Workload watch sees it.
+
+        None when none is seen within ``within``. ``LookupError`` when the watch cannot answer
+        (it is not running, has not listed, or its last LIST failed): ask the apiserver instead.
+        """
+        informer = next((i for i in self.informers if i.kind == KIND_WORKLOAD), None)
+        serving = informer is not None and informer.synced.is_set()
+        if not self._watching or informer is None or not serving or informer.last_failure:
+            raise LookupError("the Workload watch is not serving")
+        for workload in informer.cache.values():
+            if labels_of(workload).get(LABEL_KUEUE_JOB_UID) == trainjob_uid:
+                return workload
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._workload_waiters.setdefault(trainjob_uid, []).append(waiter)
+        try:
+            async with asyncio.timeout(within.total_seconds()):
+                return await waiter
+        except TimeoutError:
+            return None
+        finally:
+            waiters = self._workload_waiters.get(trainjob_uid, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters:
+                self._workload_waiters.pop(trainjob_uid, None)
+
+    def _stop_workload_waiters(self) -> None:
+        for waiters in self._workload_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(LookupError("the Workload watch stopped"))
+
+    async def _workload_seen(self, change: Change | Synced) -> None:
+        if isinstance(change, Change) and change.type != "DELETED":
+            uid = labels_of(change.obj).get(LABEL_KUEUE_JOB_UID)
+            for waiter in self._workload_waiters.get(uid or "", []):
+                if not waiter.done():
+                    waiter.set_result(change.obj)
+        await self._queue.put(change)
+
     def _informer(self, kind: str, list_fn: ListFn) -> Informer:
         return Informer(
             kind,
             list_fn,
-            self._queue.put,
+            self._workload_seen if kind == KIND_WORKLOAD else self._queue.put,
             trim=trimmer(kind),
             watch_timeout=self._watch_timeout,
             request_timeout=self._settings.timeouts.request,
@@ -377,6 +428,7 @@ class Supervisor:
         """Every dispatch event of the adapter, forever; each job transition exactly once."""
         self.informers = self._informers()
         tasks = [asyncio.create_task(i.run(), name=f"watch-{i.kind}") for i in self.informers]
+        self._watching = True
         if self._heartbeat is not None:
             tasks.append(asyncio.create_task(self._heartbeat.run_timer(self._wake_heartbeat)))
         pending_sync = {i.kind for i in self.informers}
@@ -430,6 +482,8 @@ class Supervisor:
                             self._taken[(delivered.job, delivered.attempt)] = delivered
                         delivered = None
         finally:
+            self._watching = False
+            self._stop_workload_waiters()
             await cancel_and_wait(*tasks)
             if delivered is not None:
                 # Closed or cancelled after taking the whole transition: it was delivered.

@@ -911,19 +911,52 @@ async def hold_workload(api: client.ApiClient, namespace: str, name: str, hold: 
     )
 
 
-def workload_selectors(adapter: Adapter) -> list[str]:
-    """The label selectors of the adapter's Workload LISTs from now on (the calls go through)."""
+def workload_selectors(adapter: Adapter, *, watches: bool = False) -> list[str]:
+    """The label selectors of the adapter's Workload LISTs (and WATCHes, with ``watches``) from
+    now on, outside its own watch of the namespace (the calls go through)."""
     custom = adapter.scope.custom
     listed: list[str] = []
     original = custom.list_namespaced_custom_object
 
     async def recording(*args: Any, **kwargs: Any) -> Any:
-        if args[3] == "workloads" and not kwargs.get("watch"):
+        if args[3] == "workloads" and (watches or not kwargs.get("watch")):
             listed.append(kwargs.get("label_selector", ""))
         return await original(*args, **kwargs)
 
     custom.list_namespaced_custom_object = recording
     return listed
+
+
+async def test_a_start_sees_its_workload_on_the_adapters_own_watch(
+    cluster: ControlPlane,
+    namespace: str,
+    runtime: Obj,
+    kube_api: client.ApiClient,
+) -> None:
+    """While the adapter watches, a Kueue-mode start asks the apiserver nothing about Workloads;
+    once the watch is gone, it lists and watches for its Workload itself."""
+    s = settings_for(cluster, namespace, kueue=Kueue(local_queue="lq"), timeouts=COLLECTED)
+    async with (
+        kueue_stand_in(kube_api, namespace),
+        await Adapter.open(AdapterConfig(settings=s)) as opened,
+    ):
+        stream = opened.watch()
+        consumer = asyncio.ensure_future(stream.__anext__())
+        deadline = asyncio.get_running_loop().time() + 30
+        informers = opened.supervisor.informers
+        while not (informers and all(i.synced.is_set() for i in informers)):
+            informers = opened.supervisor.informers
+            assert asyncio.get_running_loop().time() < deadline, "the watch did not list"
+            await asyncio.sleep(0.05)
+        calls = workload_selectors(opened, watches=True)
+        watched = await opened.start(JobSpec(job_id="watched"))
+        assert watched.workload is not None
+        assert calls == []
+        consumer.cancel()
+        await stream.aclose()
+        unwatched = await opened.start(JobSpec(job_id="unwatched"))
+        assert unwatched.workload is not None
+        assert f"{LABEL_KUEUE_JOB_UID}={unwatched.uid}" in calls
 
 
 async def test_a_workload_that_outlives_its_trainjob_is_found_by_its_uid(
