@@ -274,14 +274,27 @@ ANNOTATION_KEYS = st.sampled_from(
 
 
 @given(
-    spec=JSON_VALUES,
-    status=JSON_VALUES,
+    spec=st.dictionaries(st.sampled_from(["attempt", "readmit", "image"]), JSON_VALUES, max_size=3),
+    status=st.dictionaries(st.sampled_from(["state", "events"]), JSON_VALUES, max_size=2),
     labels=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
     annotations=st.dictionaries(ANNOTATION_KEYS, st.text(max_size=5), max_size=4),
     extra=st.dictionaries(st.sampled_from(["data", "spec2"]), JSON_VALUES, max_size=2),
+    fields=st.lists(
+        st.sampled_from(
+            [
+                ("spec", "attempt"),
+                "spec.readmit",
+                ("status", "state"),
+                ("metadata", "name"),
+                ("metadata", "labels"),
+                ("data",),
+            ]
+        ),
+        max_size=3,
+    ),
 )
 def test_the_lean_diffbase_builds_the_essence_kopf_builds(
-    spec: Any, status: Any, labels: Any, annotations: Any, extra: Any
+    spec: Any, status: Any, labels: Any, annotations: Any, extra: Any, fields: Any
 ) -> None:
     body = {
         "apiVersion": "x/v1",
@@ -299,7 +312,9 @@ def test_the_lean_diffbase_builds_the_essence_kopf_builds(
     kopfs = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
     lean = SpecDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
     wrapped = kopf.Body(cast(kopf.RawBody, body))
-    assert lean.build(body=wrapped) == kopfs.build(body=wrapped)
+    assert lean.build(body=wrapped, extra_fields=fields) == kopfs.build(
+        body=wrapped, extra_fields=fields
+    )
 
 
 def test_run_command_parses_its_options() -> None:

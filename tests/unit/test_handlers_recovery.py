@@ -5,9 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kopf
 import pytest
 
-from dispatch_kubeflow.handlers.recovery import RECOVERY_KEPT, decide, recovery_entry, with_entry
+from dispatch_kubeflow.handlers.recovery import (
+    RECOVERY_KEPT,
+    decide,
+    has_recovery_policy,
+    recovery_entry,
+    with_entry,
+)
 from dispatch_kubeflow.handlers.status import DispatchJobStatus, fold_events
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -105,3 +112,9 @@ def test_an_eviction_behind_a_gate_is_held_there_and_says_why(gate: bool, reason
         assert "Preempted" in admitted.message
         assert "preempted by team-b" in admitted.message
         assert "spec.readmit" in admitted.message
+
+
+def test_only_a_dispatchjob_with_a_policy_reaches_the_recovery_handler() -> None:
+    assert has_recovery_policy(kopf.Spec(kopf.Body({"spec": {"recovery": POLICY}})))
+    assert not has_recovery_policy(kopf.Spec(kopf.Body({"spec": {"attempt": 2}})))
+    assert not has_recovery_policy(kopf.Spec(kopf.Body({"spec": {"recovery": None}})))

@@ -290,7 +290,13 @@ def schedule(
     return decision
 
 
-@kopf.on.event(GROUP, VERSION, DISPATCH_JOBS)
+def has_recovery_policy(spec: kopf.Spec, **_: Any) -> bool:
+    """Only a DispatchJob with ``spec.recovery`` has decisions to follow."""
+    return isinstance(spec.get("recovery"), Mapping)
+
+
+# The filter keeps kopf from invoking the handler for every status write of every DispatchJob.
+@kopf.on.event(GROUP, VERSION, DISPATCH_JOBS, when=has_recovery_policy)
 async def follow_recovery(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Every change of a DispatchJob (and each one listed at start): is a decision due?"""
     if type == "DELETED":

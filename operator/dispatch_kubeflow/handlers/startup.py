@@ -56,12 +56,25 @@ class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
     ) -> kopf.BodyEssence:
         fields = list(extra_fields or ())
-        if fields:
+        if any(_outside_lean(field) for field in fields):
             return super().build(body=body, extra_fields=fields)
         metadata = body.get("metadata") or {}
         lean: dict[str, Any] = {k: v for k, v in body.items() if k not in ("metadata", "status")}
-        lean["metadata"] = {k: metadata[k] for k in ("labels", "annotations") if k in metadata}
-        return super().build(body=kopf.Body(cast(kopf.RawBody, lean)))
+        lean["metadata"] = {k: metadata[k] for k in LEAN_METADATA if k in metadata}
+        return super().build(body=kopf.Body(cast(kopf.RawBody, lean)), extra_fields=fields)
+
+
+LEAN_METADATA: Final = ("labels", "annotations")
+
+
+def _outside_lean(field: Any) -> bool:
+    """A handler's field (``spec.attempt``) the lean body does not carry: status, most metadata."""
+    path = tuple(field.split(".")) if isinstance(field, str) else tuple(field or ())
+    if not path:
+        return True
+    if path[0] == "status":
+        return True
+    return path[0] == "metadata" and (len(path) < 2 or path[1] not in LEAN_METADATA)
 
 
 def apply_settings(settings: kopf.OperatorSettings) -> None:
