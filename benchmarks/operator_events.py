@@ -39,7 +39,6 @@ import os
 import secrets
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,8 +61,10 @@ from benchmarks.watch_events import (  # noqa: E402
     TRANSITIONS,
     Cluster,
     Events,
+    percentiles,
     progress,
     workload_name,
+    written_object,
 )
 from kubernetes_asyncio import client, config  # noqa: E402
 from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
@@ -476,15 +477,6 @@ class Player:
 # --- the run -----------------------------------------------------------------------------------
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {
-        "p50": round(1000 * statistics.median(ordered), 1),
-        "p99": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 1),
-        "max": round(1000 * ordered[-1], 1),
-    }
-
-
 class Run:
     def __init__(self, args: argparse.Namespace, plane: AuditedControlPlane) -> None:
         self.args = args
@@ -565,8 +557,6 @@ class Run:
         rate = self.args.rate
         gate = asyncio.Semaphore(self.args.concurrency)
         admitted_at = datetime.now(UTC).replace(microsecond=0)
-        written = ("workloads", "pods", "jobsets", "workloads", "trainjobs")
-        plurals = dict(zip(TRANSITIONS, written, strict=True))
 
         async def step(job: str, type_: str, at: float) -> None:
             if rate:
@@ -574,11 +564,7 @@ class Run:
             async with gate:
                 began = time.time()
                 version = await cluster.transition(job, type_, admitted_at)
-            name = {
-                "workloads": workload_name(f"{job}-1"),
-                "pods": f"{job}-1-node-0-0",
-            }.get(plurals[type_], f"{job}-1")
-            self.written[(job, type_)] = (began, (plurals[type_], name, version))
+            self.written[(job, type_)] = (began, written_object(job, type_, version))
 
         profiler = None
         if self.args.profile and not self.marks["transition"]:

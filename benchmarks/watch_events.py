@@ -52,6 +52,10 @@ from dispatch_kubeflow.settings import AdmissionLease, Kueue, RuntimeRef, Settin
 MERGE = "application/merge-patch+json"
 ADAPTER = "bench"
 TRANSITIONS = ("Admitted", "Running", "Restarted", "Evicted", "Finished")
+# The kind whose write makes each transition's event, for the bare watch (the floor).
+WRITTEN_KIND = dict(
+    zip(TRANSITIONS, ("workloads", "pods", "jobsets", "workloads", "trainjobs"), strict=True)
+)
 
 
 def control_plane(kubeconfig: Path | None) -> AbstractContextManager[Path]:
@@ -122,6 +126,15 @@ def cond(type_: str, reason: str, at: datetime | None = None) -> dict[str, Any]:
         "message": reason,
         "lastTransitionTime": when,
     }
+
+
+def written_object(job: str, type_: str, version: str) -> tuple[str, str, str]:
+    """(plural, name, resourceVersion) of the write that makes ``job``'s ``type_`` event."""
+    plural = WRITTEN_KIND[type_]
+    name = {"workloads": workload_name(f"{job}-1"), "pods": f"{job}-1-node-0-0"}.get(
+        plural, f"{job}-1"
+    )
+    return plural, name, version
 
 
 def workload_name(trainjob: str) -> str:
@@ -354,14 +367,15 @@ async def drive(
     await events.wait([(job, "Submitted") for job in names], limit=600)
 
     admitted_at = datetime.now(UTC).replace(microsecond=0)
-    written: dict[tuple[str, str], float] = {}
+    written: dict[tuple[str, str], tuple[float, tuple[str, str, str]]] = {}
 
     async def step(job: str, type_: str, at: float) -> None:
         if rate:
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
         async with gate:
-            written[(job, type_)] = time.time()
-            await cluster.transition(job, type_, admitted_at)
+            began = time.time()
+            version = await cluster.transition(job, type_, admitted_at)
+        written[(job, type_)] = (began, written_object(job, type_, version))
 
     began = time.perf_counter()
     for type_ in TRANSITIONS:
@@ -374,18 +388,37 @@ async def drive(
     driven = time.perf_counter() - began
     await api.close()
 
-    latencies = sorted(events.arrived[key] - at for key, at in written.items())
     return {
         "jobs": jobs,
         "transitions": len(written),
         "rate_limit_per_second": rate or None,
         "create_seconds": round(created, 1),
         "transition_seconds": round(driven, 1),
-        "latency_ms": {
-            "p50": round(1000 * statistics.median(latencies), 1),
-            "p99": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
-            "max": round(1000 * latencies[-1], 1),
-        },
+        "written": written,
+    }
+
+
+def latencies(
+    written: dict[tuple[str, str], tuple[float, tuple[str, str, str]]],
+    arrived: dict[tuple[str, str], float],
+    seen: dict[tuple[str, str, str], float],
+) -> dict[str, Any]:
+    """The supervisor's event latencies beside the bare watch's (the floor), and the difference."""
+    events = percentiles([arrived[key] - began for key, (began, _) in written.items()])
+    floor_ = percentiles([seen[write] - began for began, write in written.values()])
+    return {
+        "events": events,
+        "floor_bare_watch": floor_,
+        "difference": {k: round(events[k] - floor_[k], 1) for k in events},
+    }
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50": round(1000 * statistics.median(ordered), 1),
+        "p99": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 1),
+        "max": round(1000 * ordered[-1], 1),
     }
 
 
@@ -425,6 +458,14 @@ def main() -> int:
     context = multiprocessing.get_context("spawn")
     with control_plane(args.kubeconfig) as kubeconfig:
         asyncio.run(prepare(kubeconfig, args.namespace))
+        from benchmarks.operator_events import floor
+
+        floor_out, floor_ready = context.Queue(), context.Event()
+        bare = context.Process(
+            target=floor, args=(str(kubeconfig), args.namespace, floor_out, floor_ready)
+        )
+        bare.start()
+        assert floor_ready.wait(60), "the bare watcher did not list"
         queue, stop = context.Queue(), context.Event()
         child = context.Process(
             target=supervise, args=(str(kubeconfig), args.namespace, queue, stop)
@@ -437,9 +478,13 @@ def main() -> int:
             )
         finally:
             stop.set()
+            bare.terminate()
             events.join()
             child.join(timeout=60)
+            seen: dict[tuple[str, str, str], float] = floor_out.get(timeout=60)
+            bare.join(timeout=60)
             asyncio.run(cleanup(kubeconfig, args.namespace))
+        result["latency_ms"] = latencies(result.pop("written"), events.arrived, seen)
     assert events.final is not None, "the supervisor did not report its figures"
     requests, peak_kib = events.final
     result["supervisor_requests_per_job"] = round(requests["total"] / args.jobs, 2)

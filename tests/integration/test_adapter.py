@@ -923,7 +923,7 @@ def workload_selectors(adapter: Adapter, *, watches: bool = False) -> list[str]:
             listed.append(kwargs.get("label_selector", ""))
         return await original(*args, **kwargs)
 
-    custom.list_namespaced_custom_object = recording
+    custom.list_namespaced_custom_object = recording  # type: ignore[method-assign]
     return listed
 
 
@@ -1152,6 +1152,10 @@ async def test_the_proxy_is_read_from_the_environment_once(
         nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
     monkeypatch.setenv("HTTPS_PROXY", nowhere)
     api = await connect(admin, token=None, request_timeout=timedelta(seconds=5))
+    session = api.rest_client.pool_manager
+    assert not session.trust_env
+    assert session.connector is not None
+    assert session.connector.limit == connection.CONNECTIONS_PER_CLIENT
     try:
         with pytest.raises(aiohttp.ClientProxyConnectionError):
             await whoami(api)

@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.constants import GROUP, MERGE_PATCH, VERSION
 from dispatch_kubeflow.kube.apierrors import is_conflict, is_not_found
-from dispatch_kubeflow.kube.connection import read_environment_once
+from dispatch_kubeflow.kube.connection import CONNECTIONS_PER_CLIENT, read_environment_once
 
 CONFLICT_RETRIES: Final = 10
 
@@ -42,7 +42,9 @@ async def load_configuration() -> Any:
 
 
 async def open_api_client() -> client.ApiClient:
-    return read_environment_once(client.ApiClient(await load_configuration()))
+    configuration = await load_configuration()
+    configuration.connection_pool_maxsize = CONNECTIONS_PER_CLIENT
+    return read_environment_once(client.ApiClient(configuration))
 
 
 async def connection_info(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:

@@ -57,6 +57,7 @@ class ApiClientWithTimeouts(ApiClient):
     """An ``ApiClient`` that bounds each non-streaming request and counts every request."""
 
     def __init__(self, configuration: Any, request_timeout: timedelta) -> None:
+        configuration.connection_pool_maxsize = CONNECTIONS_PER_CLIENT
         super().__init__(configuration)
         read_environment_once(self)
         self.request_timeout = request_timeout.total_seconds()
@@ -98,6 +99,11 @@ class ApiClientWithTimeouts(ApiClient):
 
 
 READ_BUFFER = 2**21  # as kubernetes_asyncio's: a watch event may carry a 1.5 MiB object
+# Connections a client keeps open at most (kubernetes_asyncio's default is 100). Each TLS
+# connection holds about 300 KiB (asyncio's 256 KiB read buffer and OpenSSL's state), so a
+# burst of 100 concurrent requests costs 30 MiB that the process keeps; the watches (seven per
+# adapter) and the starts in flight (20) fit, and a burst beyond waits for a connection.
+CONNECTIONS_PER_CLIENT = 32
 
 
 def read_environment_once(api: ApiClient) -> ApiClient:
