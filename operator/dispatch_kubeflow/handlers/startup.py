@@ -40,7 +40,6 @@ REQUEST_TIMEOUT: Final = 60
 # before the patch that marked the creation handled then arrives later, and the creation is
 # handled (the attempt started) a second time.
 CONSISTENCY_TIMEOUT: Final = 60.0
-POSTING_WORKERS: Final = 4
 
 
 class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -89,9 +88,6 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = REQUEST_TIMEOUT
     settings.peering.standalone = True
     settings.posting.level = 20  # INFO and above become Kubernetes Events
-    # Events are posted a few at a time: each post in flight holds a connection of its own
-    # (kopf's pool is unbounded), and a burst of transitions would otherwise open dozens.
-    settings.posting.worker_limit = POSTING_WORKERS
     settings.execution.max_workers = 4
 
 
