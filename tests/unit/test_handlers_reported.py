@@ -53,37 +53,30 @@ def test_the_patch_sets_one_attempt_and_round_trips() -> None:
 
 
 def test_the_store_keeps_what_it_reads_and_drops_the_bookkeeping() -> None:
+    identity = {
+        "name": "train",
+        "namespace": "team",
+        "uid": "u-1",
+        "resourceVersion": "42",
+        "generation": 3,
+    }
+    bookkeeping = {
+        "labels": {"team": "a"},
+        "annotations": {"kopf.zalando.org/last-handled-configuration": "{}" * 500},
+        "managedFields": [{"manager": "kopf", "fieldsV1": {"f:status": {}}}] * 10,
+        "finalizers": ["dispatch/finalizer"],
+    }
+    head = {"apiVersion": "dispatch.example/v1", "kind": "DispatchJob"}
+    routing = {"adapter": "a", "attempt": 2, "runtime": {"name": "torch"}}
+    status = {STATUS_REPORTED: {"2": RUNNING.to_json()}, "events": [{"type": "Running"}]}
     whole = {
-        "apiVersion": "dispatch.example/v1",
-        "kind": "DispatchJob",
-        "metadata": {
-            "name": "train",
-            "namespace": "team",
-            "uid": "u-1",
-            "resourceVersion": "42",
-            "generation": 3,
-            "labels": {"team": "a"},
-            "annotations": {"kopf.zalando.org/last-handled-configuration": "{}" * 500},
-            "managedFields": [{"manager": "kopf", "fieldsV1": {"f:status": {}}}] * 10,
-            "finalizers": ["dispatch/finalizer"],
-        },
-        "spec": {"adapter": "a", "attempt": 2, "runtime": {"name": "torch"}, "image": "x"},
-        "status": {STATUS_REPORTED: {"2": RUNNING.to_json()}, "events": [{"type": "Running"}]},
+        **head,
+        "metadata": {**identity, **bookkeeping},
+        "spec": {**routing, "image": "x"},
+        "status": status,
     }
     kept = slim(whole)
-    assert kept == {
-        "apiVersion": "dispatch.example/v1",
-        "kind": "DispatchJob",
-        "metadata": {
-            "name": "train",
-            "namespace": "team",
-            "uid": "u-1",
-            "resourceVersion": "42",
-            "generation": 3,
-        },
-        "spec": {"adapter": "a", "attempt": 2, "runtime": {"name": "torch"}},
-        "status": whole["status"],
-    }
+    assert kept == {**head, "metadata": identity, "spec": routing, "status": status}
     assert records_of(kept, "a") == records_of(whole, "a") == {2: RUNNING}
 
 
