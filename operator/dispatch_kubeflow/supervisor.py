@@ -436,6 +436,9 @@ class Supervisor:
         unflushed = 0
         # A transition whose events the consumer has all been handed, not yet committed.
         delivered: Transition | None = None
+        # Transitions the consumer has taken (asked for more after their last event): their
+        # commits go out together once the batch is handed on.
+        taken: list[Transition] = []
         try:
             while True:
                 item = await self._next(tasks)
@@ -478,16 +481,18 @@ class Supervisor:
                         yield event
                     if delivered is not None:
                         # The consumer took every event and asked for more: now they count.
-                        if not await self._commit(delivered):
-                            self._taken[(delivered.job, delivered.attempt)] = delivered
+                        taken.append(delivered)
                         delivered = None
+                await self._commit_taken(taken)
+                taken = []
         finally:
             self._watching = False
             self._stop_workload_waiters()
             await cancel_and_wait(*tasks)
             if delivered is not None:
                 # Closed or cancelled after taking the whole transition: it was delivered.
-                await self._commit_on_close(delivered)
+                taken.append(delivered)
+            await asyncio.gather(*(self._commit_on_close(t) for t in taken))
 
     async def _next(self, tasks: list[asyncio.Task[None]]) -> QueueItem:
         getter = asyncio.ensure_future(self._queue.get())
@@ -581,6 +586,18 @@ class Supervisor:
             self._finished.add(key)
             self._forget_if_gone(key)
         return True
+
+    async def _commit_taken(self, transitions: Sequence[Transition]) -> None:
+        """Commit what the consumer took, concurrently; a failed commit is kept and retried,
+        never delivered again."""
+        gate = asyncio.Semaphore(SAVE_CONCURRENCY)
+
+        async def one(transition: Transition) -> None:
+            async with gate:
+                if not await self._commit(transition):
+                    self._taken[(transition.job, transition.attempt)] = transition
+
+        await asyncio.gather(*(one(t) for t in transitions))
 
     async def _commit_on_close(self, transition: Transition) -> None:
         timeout = self._settings.timeouts.request.total_seconds()
