@@ -46,7 +46,15 @@ from dispatch_kubeflow.events import DerivedStatus, JobObservation, Taint
 from dispatch_kubeflow.index import loss_taints_of, node_of, node_taints
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_not_found, to_dispatch_error
 from dispatch_kubeflow.kube.informer import ListFn, list_all
-from dispatch_kubeflow.kube.objects import dig, is_deleting, labels_of, mappings, name_of, text
+from dispatch_kubeflow.kube.objects import (
+    dig,
+    is_deleting,
+    labels_of,
+    mappings,
+    name_of,
+    text,
+    uid_of,
+)
 from dispatch_kubeflow.scope import Scope
 from dispatch_kubeflow.settings.names import is_rfc1035_label
 from dispatch_kubeflow.trainjob import job_selector
@@ -215,7 +223,7 @@ async def objects_of(scope: Scope, job_id: str, known_uids: Iterable[str] = ()) 
 
 def uids_of(objects: Iterable[Mapping[str, Any]]) -> set[str]:
     """The uids of ``objects`` (TrainJobs read or deleted), for ``objects_of``'s ``known_uids``."""
-    return {uid for o in objects if (uid := text(dig(o, "metadata", "uid")))}
+    return {uid for o in objects if (uid := uid_of(o))}
 
 
 def workload_selector(uids: Iterable[str]) -> str:
