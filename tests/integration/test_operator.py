@@ -441,6 +441,31 @@ async def test_a_spec_change_restarts_the_adapter_with_the_new_settings(
 # --- DispatchJob ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("operator_memo", [kopf.Memo(job_events="warnings")])
+async def test_job_events_warnings_mirrors_only_the_warning_transitions(
+    scene: Scene, operator: Path
+) -> None:
+    """``--job-events warnings``: the status holds every event; only Warnings become Events."""
+    await scene.apply_adapter(scene.adapter_spec())
+    await scene.ready_adapter()
+    await scene.create_job("quiet", activeDeadlineSeconds=60)
+    await scene.job_in_state("quiet", "Pending")
+    await scene.play_running("quiet-1")
+    await scene.job_in_state("quiet", "Running")
+    await scene.play_deadline_exceeded("quiet-1")
+    failed = await scene.job_in_state("quiet", "Failed", "Timeout")
+    types = [e["type"] for e in failed["status"]["events"]]
+    assert types == ["Submitted", "Admitted", "Running", "Finished"]
+
+    async def warned() -> list[Any] | None:
+        events = await scene.kube_events("quiet")
+        return events if any(e.reason == "Finished" for e in events) else None
+
+    events = await eventually(warned, "the Warning Event Finished on the DispatchJob")
+    mirrored = [(e.type, e.reason) for e in events if e.reason in types]
+    assert mirrored == [("Warning", "Finished")]
+
+
 async def test_a_dispatchjob_follows_its_trainjob_to_a_typed_failure(
     scene: Scene, operator: Path, operator_memo: kopf.Memo
 ) -> None:
