@@ -166,6 +166,32 @@ async def test_item2_a_library_consumer_that_dies_after_taking_events_gets_them_
         await first.aclose()
 
 
+async def test_a_library_consumer_that_closes_after_taking_a_batch_has_it_all_committed(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """Transitions taken from one batch are committed together after it; a consumer that takes
+    the whole batch and closes the stream before that still has every one of them recorded."""
+    from dispatch_kubeflow.constants import ANNOTATION_REPORTED
+    from dispatch_kubeflow.reporting import ReportedRecord
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    settings = make_settings(namespace, kueue=False)
+    jobs = ["batch-a", "batch-b"]
+    for job in jobs:
+        await world.trainjob(job, suspend=True)  # both there before the first LIST: one batch
+    stream = Supervisor(kube_api, settings, ADAPTER).events()
+    taken = [await asyncio.wait_for(anext(stream), 30) for _ in jobs]
+    assert sorted((e.job, e.type) for e in taken) == [(j, EventType.SUBMITTED) for j in jobs]
+    await stream.aclose()
+    for job in jobs:
+        trainjob = await world.custom.get_namespaced_custom_object(name=f"{job}-1", **world._tj)
+        annotations = trainjob["metadata"].get("annotations") or {}
+        record = ReportedRecord.from_json(annotations.get(ANNOTATION_REPORTED))
+        assert record is not None, (job, annotations)
+        assert record.submitted, (job, record)
+
+
 async def test_item7_a_refused_stop_job_reports_nothing_and_the_job_ends_as_it_ends(
     adapter: Adapter, kube_api: Any, namespace: str, world: World
 ) -> None:
