@@ -7,7 +7,9 @@
 By default it starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no
 controllers) in a temporary folder. Each job is one ``start`` (read the runtime, create the
 TrainJob) followed by one ``stop_job`` (delete by label, read back until nothing is left), in
-plain mode. Requests are counted by the adapter's own API client, so every request the adapter
+plain mode. The jobs are started first, ``--concurrency`` at a time, then stopped the same way, so
+the rate of ``start`` alone and of ``stop_job`` alone are printed beside the two together.
+Requests are counted by the adapter's own API client, so every request the adapter
 makes is counted, and nothing else. The preflight probe of ``open`` is not part of the figures.
 """
 
@@ -90,23 +92,30 @@ async def run(kubeconfig: Path, namespace: str, jobs: int, concurrency: int) -> 
             split["stop_job"] += adapter.api.requests - middle
 
         gate = asyncio.Semaphore(concurrency)
+        specs = [JobSpec(job_id=f"bench-{i}", image="trainer:1", num_nodes=2) for i in range(jobs)]
 
-        async def one(index: int) -> None:
+        async def start(job: JobSpec) -> None:
             async with gate:
-                job = JobSpec(job_id=f"bench-{index}", image="trainer:1", num_nodes=2)
                 await adapter.start(job)
+
+        async def stop(job: JobSpec) -> None:
+            async with gate:
                 await adapter.stop_job(job.job_id)
 
         began_requests = adapter.api.requests
         began = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(jobs)))
-        elapsed = time.perf_counter() - began
+        await asyncio.gather(*(start(job) for job in specs))
+        started = time.perf_counter()
+        await asyncio.gather(*(stop(job) for job in specs))
+        stopped = time.perf_counter()
         total = adapter.api.requests - began_requests
     return {
         "jobs": jobs,
         "concurrency": concurrency,
-        "seconds": round(elapsed, 2),
-        "jobs_per_second": round(jobs / elapsed, 1),
+        "seconds": round(stopped - began, 2),
+        "starts_per_second": round(jobs / (started - began), 1),
+        "stops_per_second": round(jobs / (stopped - started), 1),
+        "jobs_per_second": round(jobs / (stopped - began), 1),
         "requests_per_job": round(total / jobs, 2),
         "requests_per_start_sequential": round(split["start"] / SEQUENTIAL, 2),
         "requests_per_stop_job_sequential": round(split["stop_job"] / SEQUENTIAL, 2),
