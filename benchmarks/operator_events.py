@@ -250,8 +250,13 @@ def floor(kubeconfig: str, namespace: str, out: Any, ready: Any) -> None:
 
 
 def observe(kubeconfig: str, namespace: str, out: Any, ready: Any) -> None:
-    """The user's view: when each event type first shows in a DispatchJob's status."""
+    """The user's view: when each event type first shows in a DispatchJob's status.
+
+    It also keeps each event's ``time`` (when the operator derived it) and sends them at the
+    end, so the latency splits at the operator's derivation.
+    """
     shown: dict[str, set[str]] = {}
+    derived: dict[tuple[str, str], float] = {}
 
     def seen(_plural: str, type_: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -260,13 +265,18 @@ def observe(kubeconfig: str, namespace: str, out: Any, ready: Any) -> None:
             return
         events = (obj.get("status") or {}).get("events") or []
         known = shown.setdefault(name, set())
-        for event_type in {e.get("type") for e in events} - known:
+        for event in events:
+            event_type = event.get("type")
+            if event_type in known:
+                continue
             known.add(event_type)
             out.put((name, event_type, time.time()))
+            with contextlib.suppress(TypeError, ValueError):
+                derived[(name, event_type)] = datetime.fromisoformat(event["time"]).timestamp()
 
     plurals = ("dispatchjobs",)
     asyncio.run(watch_until_stopped(kubeconfig, namespace, plurals, seen, ready))
-    out.put(("__done__", {}, 0))
+    out.put(("__done__", derived, 0))
 
 
 # --- the operator, in its own process ----------------------------------------------------------
@@ -619,16 +629,30 @@ class Run:
         progress(f"deleted {len(names)} DispatchJobs, {gone} gone, in {time.time() - began:.1f}s")
 
     def latencies(self, events: Events, seen: dict[tuple[str, str, str], float]) -> dict[str, Any]:
+        """Each transition's latency, the floor's, and where the operator's splits.
+
+        ``derived`` runs from the upstream write to the operator deriving the event (its watch,
+        its queue, its derivation); ``commit_and_delivery`` from there to the user's watch
+        showing it (the status patch, the apiserver, the watch).
+        """
+        derived_at: dict[tuple[str, str], float] = events.final[0] if events.final else {}
         shown: list[float] = []
         floor_: list[float] = []
+        derived: list[float] = []
+        delivered: list[float] = []
         for key, (began, write) in self.written.items():
             shown.append(events.arrived[key] - began)
             floor_.append(seen[write] - began)
+            if key in derived_at:
+                derived.append(derived_at[key] - began)
+                delivered.append(events.arrived[key] - derived_at[key])
         operator, bare = percentiles(shown), percentiles(floor_)
+        split = {"derived": percentiles(derived), "commit_and_delivery": percentiles(delivered)}
         return {
             "dispatchjob_status": operator,
             "floor_bare_watch": bare,
             "difference": {k: round(operator[k] - bare[k], 1) for k in operator},
+            "dispatchjob_status_split": split if derived else None,
         }
 
     def requests(self) -> dict[str, Any]:

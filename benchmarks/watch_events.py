@@ -320,7 +320,8 @@ class Events:
     def __init__(self, queue: Any) -> None:
         self.arrived: dict[tuple[str, str], float] = {}
         self.duplicates = 0
-        self.final: tuple[dict[str, int], int] | None = None
+        # The child's closing message: its figures (a mapping) and a number.
+        self.final: tuple[dict[Any, Any], int] | None = None
         self._queue = queue
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
