@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -117,7 +117,14 @@ class Retry:
     key: JobKey
 
 
-QueueItem = Change | Synced | StopNoted | Retry | HeartbeatCheck
+@dataclass(frozen=True)
+class JobWorked:
+    """A job's derivation (or the commit of what the consumer took of it) has ended."""
+
+    job: str
+
+
+QueueItem = Change | Synced | StopNoted | Retry | HeartbeatCheck | JobWorked
 
 
 class TrainJobAnnotationStore:
@@ -434,14 +441,38 @@ class Supervisor:
         pending_sync = {i.kind for i in self.informers}
         dirty: set[JobKey] = set()
         unflushed = 0
+        # One task a job derives it (and, with a store that records after delivery, commits
+        # what the consumer took): a slow write holds its own job, never the others.
+        working: dict[str, asyncio.Task[list[Transition]]] = {}
+        committing: set[str] = set()  # jobs whose task commits transitions already delivered
+        gate = asyncio.Semaphore(SAVE_CONCURRENCY)
         # A transition whose events the consumer has all been handed, not yet committed.
         delivered: Transition | None = None
-        # Transitions the consumer has taken (asked for more after their last event): their
-        # commits go out together once the batch is handed on.
+        # The transitions of the job being handed on that the consumer has taken.
         taken: list[Transition] = []
         try:
             while True:
                 item = await self._next(tasks)
+                if isinstance(item, JobWorked):
+                    transitions = working.pop(item.job).result()
+                    committing.discard(item.job)
+                    for transition in transitions:
+                        last = len(transition.events) - 1
+                        for n, dispatched in enumerate(transition.events):
+                            if n == last and not self._reporter.effects_committed:
+                                delivered = transition
+                            yield dispatched
+                        if delivered is not None:
+                            # The consumer took every event and asked for more: now they count.
+                            taken.append(delivered)
+                            delivered = None
+                    if taken:
+                        self._work(item.job, working, self._commit_taken(taken, gate))
+                        committing.add(item.job)
+                        taken = []
+                    else:
+                        dirty = self._derive_idle_jobs(dirty, working, gate)
+                    continue
                 if isinstance(item, HeartbeatCheck):
                     event = self._heartbeat.check() if self._heartbeat is not None else None
                     if event is not None:
@@ -472,27 +503,49 @@ class Supervisor:
                 unflushed += 1
                 if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
                     continue  # coalesce a burst of changes before deriving
-                keys, dirty, unflushed = sorted(dirty), set(), 0
-                for transition in await self._report_all(keys):
-                    last = len(transition.events) - 1
-                    for n, event in enumerate(transition.events):
-                        if n == last and not self._reporter.effects_committed:
-                            delivered = transition
-                        yield event
-                    if delivered is not None:
-                        # The consumer took every event and asked for more: now they count.
-                        taken.append(delivered)
-                        delivered = None
-                await self._commit_taken(taken)
-                taken = []
+                unflushed = 0
+                dirty = self._derive_idle_jobs(dirty, working, gate)
         finally:
             self._watching = False
             self._stop_workload_waiters()
             await cancel_and_wait(*tasks)
+            commits = [working.pop(job) for job in committing if job in working]
+            # Derivations not yet handed on: nothing of them was delivered.
+            await cancel_and_wait(*working.values())
             if delivered is not None:
                 # Closed or cancelled after taking the whole transition: it was delivered.
                 taken.append(delivered)
-            await asyncio.gather(*(self._commit_on_close(t) for t in taken))
+            await asyncio.gather(
+                *(self._commit_on_close(t) for t in taken), self._commits_on_close(commits)
+            )
+
+    def _derive_idle_jobs(
+        self,
+        dirty: set[JobKey],
+        working: dict[str, asyncio.Task[list[Transition]]],
+        gate: asyncio.Semaphore,
+    ) -> set[JobKey]:
+        """Start deriving each dirty job that has no task under way; the rest stay dirty."""
+        by_job: dict[str, list[JobKey]] = {}
+        left: set[JobKey] = set()
+        for key in dirty:
+            if key[0] in working:
+                left.add(key)
+            else:
+                by_job.setdefault(key[0], []).append(key)
+        for job, keys in by_job.items():
+            self._work(job, working, self._report_job(sorted(keys), gate))
+        return left
+
+    def _work(
+        self,
+        job: str,
+        working: dict[str, asyncio.Task[list[Transition]]],
+        work: Coroutine[Any, Any, list[Transition]],
+    ) -> None:
+        task = asyncio.create_task(work, name=f"report {job}")
+        working[job] = task
+        task.add_done_callback(lambda _: self._queue.put_nowait(JobWorked(job)))
 
     async def _next(self, tasks: list[asyncio.Task[None]]) -> QueueItem:
         getter = asyncio.ensure_future(self._queue.get())
@@ -520,28 +573,23 @@ class Supervisor:
             return set(await self._store.unfinished())
         return set()
 
-    async def _report_all(self, keys: list[JobKey]) -> list[Transition]:
-        """Derive and report many jobs at once: their commits go out concurrently.
+    async def _report_job(self, keys: list[JobKey], gate: asyncio.Semaphore) -> list[Transition]:
+        """Derive and report one job's attempts in order; their commits share ``gate``.
 
-        One job's failure (a commit the apiserver refuses, or anything else) costs that job a
-        retry and never the other jobs' transitions.
+        One attempt's failure (a commit the apiserver refuses, or anything else) costs that
+        attempt a retry and never the others' transitions.
         """
-        gate = asyncio.Semaphore(SAVE_CONCURRENCY)
-
-        async def one(key: JobKey) -> Transition | None:
-            async with gate:
-                return await self._report(key)
-
-        outcomes = await asyncio.gather(*(one(key) for key in keys), return_exceptions=True)
         transitions: list[Transition] = []
-        for key, outcome in zip(keys, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, Exception):
-                    raise outcome
-                log.error("deriving %s failed", key, exc_info=outcome)
+        for key in keys:
+            try:
+                async with gate:
+                    transition = await self._report(key)
+            except Exception:
+                log.exception("deriving %s failed", key)
                 self._retry_later(key)
-            elif outcome is not None:
-                transitions.append(outcome)
+                continue
+            if transition is not None:
+                transitions.append(transition)
         return transitions
 
     async def _report(self, key: JobKey) -> Transition | None:
@@ -587,17 +635,29 @@ class Supervisor:
             self._forget_if_gone(key)
         return True
 
-    async def _commit_taken(self, transitions: Sequence[Transition]) -> None:
-        """Commit what the consumer took, concurrently; a failed commit is kept and retried,
-        never delivered again."""
-        gate = asyncio.Semaphore(SAVE_CONCURRENCY)
-
-        async def one(transition: Transition) -> None:
+    async def _commit_taken(
+        self, transitions: Sequence[Transition], gate: asyncio.Semaphore
+    ) -> list[Transition]:
+        """Commit what the consumer took of one job; a failed commit is kept and retried,
+        never delivered again. Returns nothing more to hand on."""
+        for transition in transitions:
             async with gate:
                 if not await self._commit(transition):
                     self._taken[(transition.job, transition.attempt)] = transition
+        return []
 
-        await asyncio.gather(*(one(t) for t in transitions))
+    async def _commits_on_close(self, commits: Sequence[asyncio.Task[list[Transition]]]) -> None:
+        """Let the commits of delivered transitions finish, within one request's time."""
+        if not commits:
+            return
+        timeout = self._settings.timeouts.request.total_seconds()
+        _, unfinished = await asyncio.wait(commits, timeout=timeout)
+        if unfinished:
+            log.warning(
+                "%d delivered transition(s) not committed when the watch closed: they come again",
+                len(unfinished),
+            )
+            await cancel_and_wait(*unfinished)
 
     async def _commit_on_close(self, transition: Transition) -> None:
         timeout = self._settings.timeouts.request.total_seconds()

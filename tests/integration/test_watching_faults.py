@@ -169,8 +169,8 @@ async def test_item2_a_library_consumer_that_dies_after_taking_events_gets_them_
 async def test_a_library_consumer_that_closes_after_taking_a_batch_has_it_all_committed(
     kube_api: Any, namespace: str, world: World
 ) -> None:
-    """Transitions taken from one batch are committed together after it; a consumer that takes
-    the whole batch and closes the stream before that still has every one of them recorded."""
+    """A taken transition is committed once the consumer asks for more; a consumer that takes
+    the first two and closes the stream before that still has both of them recorded."""
     from dispatch_kubeflow.constants import ANNOTATION_REPORTED
     from dispatch_kubeflow.reporting import ReportedRecord
     from dispatch_kubeflow.supervisor import Supervisor
@@ -190,6 +190,54 @@ async def test_a_library_consumer_that_closes_after_taking_a_batch_has_it_all_co
         record = ReportedRecord.from_json(annotations.get(ANNOTATION_REPORTED))
         assert record is not None, (job, annotations)
         assert record.submitted, (job, record)
+
+
+async def test_a_hanging_commit_holds_only_its_own_jobs_events(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """While one job's record write hangs, another job's events are still delivered; once the
+    write ends, the first job is derived again and goes on, and both records are written."""
+    from dispatch_kubeflow.constants import ANNOTATION_REPORTED
+    from dispatch_kubeflow.reporting import ReportedRecord
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    store: Any = supervisor.store
+    write = store.commit
+    released = asyncio.Event()
+    hanging = asyncio.Event()
+
+    async def commit(job: str, attempt: int, record: Any, events: Any) -> None:
+        if job == "slow":
+            hanging.set()
+            await released.wait()
+        await write(job, attempt, record, events)
+
+    store.commit = commit
+    stream = supervisor.events()
+    try:
+        await world.trainjob("slow", suspend=True)
+        first = await asyncio.wait_for(anext(stream), 30)
+        assert (first.job, first.type) == ("slow", EventType.SUBMITTED)
+        following = asyncio.ensure_future(anext(stream))  # takes "slow"'s Submitted
+        await asyncio.wait_for(hanging.wait(), 10)
+        await world.trainjob("quick", suspend=True)
+        await world.trainjob_status("slow", conditions=[cond("Complete", reason="JobsCompleted")])
+        second = await asyncio.wait_for(following, 10)
+        assert (second.job, second.type) == ("quick", EventType.SUBMITTED)
+        released.set()
+        third = await asyncio.wait_for(anext(stream), 30)
+        assert (third.job, third.type, third.state) == ("slow", EventType.FINISHED, State.SUCCEEDED)
+    finally:
+        released.set()
+        await stream.aclose()
+    for job, finished in (("slow", True), ("quick", False)):
+        trainjob = await world.custom.get_namespaced_custom_object(name=f"{job}-1", **world._tj)
+        record = ReportedRecord.from_json(trainjob["metadata"]["annotations"][ANNOTATION_REPORTED])
+        assert record is not None, job
+        assert record.submitted, record
+        assert record.finished is finished, record
 
 
 async def test_item7_a_refused_stop_job_reports_nothing_and_the_job_ends_as_it_ends(
