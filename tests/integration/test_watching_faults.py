@@ -192,24 +192,38 @@ async def test_a_library_consumer_that_closes_after_taking_a_batch_has_it_all_co
         assert record.submitted, (job, record)
 
 
+class CommittedFirstStore(MemoryStore):
+    """Records kept with the events' effect, so committed before they are handed on, as the
+    operator's DispatchJob status store does."""
+
+    effects_committed = True
+
+
+@pytest.mark.parametrize(
+    "committed_first", [False, True], ids=["annotation-store", "effects-store"]
+)
 async def test_a_hanging_commit_holds_only_its_own_jobs_events(
-    kube_api: Any, namespace: str, world: World
+    kube_api: Any, namespace: str, world: World, committed_first: bool
 ) -> None:
     """While one job's record write hangs, another job's events are still delivered; once the
-    write ends, the first job is derived again and goes on, and both records are written."""
+    write ends, the first job is derived again and goes on, and every record is written. With
+    the annotation store the write that hangs is the taken Submitted's, after delivery; with a
+    store that commits first it is the Finished's, before delivery."""
     from dispatch_kubeflow.constants import ANNOTATION_REPORTED
     from dispatch_kubeflow.reporting import ReportedRecord
     from dispatch_kubeflow.supervisor import Supervisor
     from tests.integration.test_watching import ADAPTER, make_settings
 
-    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    settings = make_settings(namespace, kueue=False)
+    supervisor = Supervisor(
+        kube_api, settings, ADAPTER, store=CommittedFirstStore() if committed_first else None
+    )
     store: Any = supervisor.store
     write = store.commit
-    released = asyncio.Event()
-    hanging = asyncio.Event()
+    hang, released, hanging = False, asyncio.Event(), asyncio.Event()
 
     async def commit(job: str, attempt: int, record: Any, events: Any) -> None:
-        if job == "slow":
+        if job == "slow" and hang:
             hanging.set()
             await released.wait()
         await write(job, attempt, record, events)
@@ -220,10 +234,11 @@ async def test_a_hanging_commit_holds_only_its_own_jobs_events(
         await world.trainjob("slow", suspend=True)
         first = await asyncio.wait_for(anext(stream), 30)
         assert (first.job, first.type) == ("slow", EventType.SUBMITTED)
+        hang = True
         following = asyncio.ensure_future(anext(stream))  # takes "slow"'s Submitted
+        await world.trainjob_status("slow", conditions=[cond("Complete", reason="JobsCompleted")])
         await asyncio.wait_for(hanging.wait(), 10)
         await world.trainjob("quick", suspend=True)
-        await world.trainjob_status("slow", conditions=[cond("Complete", reason="JobsCompleted")])
         second = await asyncio.wait_for(following, 10)
         assert (second.job, second.type) == ("quick", EventType.SUBMITTED)
         released.set()
@@ -233,8 +248,12 @@ async def test_a_hanging_commit_holds_only_its_own_jobs_events(
         released.set()
         await stream.aclose()
     for job, finished in (("slow", True), ("quick", False)):
-        trainjob = await world.custom.get_namespaced_custom_object(name=f"{job}-1", **world._tj)
-        record = ReportedRecord.from_json(trainjob["metadata"]["annotations"][ANNOTATION_REPORTED])
+        if committed_first:
+            record = store.records.get((job, 1))
+        else:
+            trainjob = await world.custom.get_namespaced_custom_object(name=f"{job}-1", **world._tj)
+            annotations = trainjob["metadata"]["annotations"]
+            record = ReportedRecord.from_json(annotations[ANNOTATION_REPORTED])
         assert record is not None, job
         assert record.submitted, record
         assert record.finished is finished, record
