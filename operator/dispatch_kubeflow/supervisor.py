@@ -122,6 +122,8 @@ class JobWorked:
     """A job's derivation (or the commit of what the consumer took of it) has ended."""
 
     job: str
+    # Which task: one of an earlier, closed stream may still end after a new stream started.
+    task: asyncio.Task[list[Transition]]
 
 
 QueueItem = Change | Synced | StopNoted | Retry | HeartbeatCheck | JobWorked
@@ -454,6 +456,8 @@ class Supervisor:
             while True:
                 item = await self._next(tasks)
                 if isinstance(item, JobWorked):
+                    if working.get(item.job) is not item.task:
+                        continue
                     transitions = working.pop(item.job).result()
                     committing.discard(item.job)
                     for transition in transitions:
@@ -545,7 +549,7 @@ class Supervisor:
     ) -> None:
         task = asyncio.create_task(work, name=f"report {job}")
         working[job] = task
-        task.add_done_callback(lambda _: self._queue.put_nowait(JobWorked(job)))
+        task.add_done_callback(lambda done: self._queue.put_nowait(JobWorked(job, done)))
 
     async def _next(self, tasks: list[asyncio.Task[None]]) -> QueueItem:
         getter = asyncio.ensure_future(self._queue.get())

@@ -170,7 +170,8 @@ async def test_a_library_consumer_that_closes_after_taking_a_batch_has_it_all_co
     kube_api: Any, namespace: str, world: World
 ) -> None:
     """A taken transition is committed once the consumer asks for more; a consumer that takes
-    the first two and closes the stream before that still has both of them recorded."""
+    the first two and closes the stream before that still has both of them recorded, and a new
+    stream from the same supervisor goes on with the next job."""
     from dispatch_kubeflow.constants import ANNOTATION_REPORTED
     from dispatch_kubeflow.reporting import ReportedRecord
     from dispatch_kubeflow.supervisor import Supervisor
@@ -180,10 +181,18 @@ async def test_a_library_consumer_that_closes_after_taking_a_batch_has_it_all_co
     jobs = ["batch-a", "batch-b"]
     for job in jobs:
         await world.trainjob(job, suspend=True)  # both there before the first LIST: one batch
-    stream = Supervisor(kube_api, settings, ADAPTER).events()
+    supervisor = Supervisor(kube_api, settings, ADAPTER)
+    stream = supervisor.events()
     taken = [await asyncio.wait_for(anext(stream), 30) for _ in jobs]
     assert sorted((e.job, e.type) for e in taken) == [(j, EventType.SUBMITTED) for j in jobs]
     await stream.aclose()
+    again = supervisor.events()
+    try:
+        await world.trainjob("batch-c", suspend=True)
+        following = await asyncio.wait_for(anext(again), 30)
+        assert (following.job, following.type) == ("batch-c", EventType.SUBMITTED)
+    finally:
+        await again.aclose()
     for job in jobs:
         trainjob = await world.custom.get_namespaced_custom_object(name=f"{job}-1", **world._tj)
         annotations = trainjob["metadata"].get("annotations") or {}
