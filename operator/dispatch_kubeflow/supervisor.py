@@ -98,6 +98,9 @@ RETRY_MAX = 30.0
 COMMIT_ERRORS: tuple[type[BaseException], ...] = (*REQUEST_ERRORS, DispatchError)
 # Record saves in flight at once when many jobs changed together.
 SAVE_CONCURRENCY = 32
+# Kinds whose changes wait while their job's task runs: the task ends on the job's objects as it
+# saw them (a TrainJob created again under the same name is a new job only after that).
+HELD_KINDS = frozenset({KIND_TRAINJOB, KIND_JOBSET, KIND_POD})
 
 
 @dataclass(frozen=True)
@@ -447,6 +450,7 @@ class Supervisor:
         # what the consumer took): a slow write holds its own job, never the others.
         working: dict[str, asyncio.Task[list[Transition]]] = {}
         committing: set[str] = set()  # jobs whose task commits transitions already delivered
+        held: dict[str, list[Change]] = {}  # changes of a job whose task runs, in order
         gate = asyncio.Semaphore(SAVE_CONCURRENCY)
         # A transition whose events the consumer has all been handed, not yet committed.
         delivered: Transition | None = None
@@ -474,8 +478,10 @@ class Supervisor:
                         self._work(item.job, working, self._commit_taken(taken, gate))
                         committing.add(item.job)
                         taken = []
-                    else:
-                        dirty = self._derive_idle_jobs(dirty, working, gate)
+                        continue
+                    for change in held.pop(item.job, ()):
+                        dirty |= self._apply(change)
+                    dirty = self._derive_idle_jobs(dirty, working, gate)
                     continue
                 if isinstance(item, HeartbeatCheck):
                     event = self._heartbeat.check() if self._heartbeat is not None else None
@@ -501,9 +507,11 @@ class Supervisor:
                         yield event
                     continue
                 else:
-                    if item.kind == KIND_TRAINJOB:
-                        self._note_train_job(item)
-                    dirty |= self._index.apply(item)
+                    busy = self._busy_job(item, working)
+                    if busy is not None:
+                        held.setdefault(busy, []).append(item)
+                        continue
+                    dirty |= self._apply(item)
                 unflushed += 1
                 if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
                     continue  # coalesce a burst of changes before deriving
@@ -522,6 +530,20 @@ class Supervisor:
             await asyncio.gather(
                 *(self._commit_on_close(t) for t in taken), self._commits_on_close(commits)
             )
+
+    def _apply(self, change: Change) -> set[JobKey]:
+        """Record a watched change; the jobs it may affect."""
+        if change.kind == KIND_TRAINJOB:
+            self._note_train_job(change)
+        return self._index.apply(change)
+
+    @staticmethod
+    def _busy_job(change: Change, working: Mapping[str, object]) -> str | None:
+        """The job whose running task this change must wait for, if any."""
+        if change.kind not in HELD_KINDS:
+            return None
+        key = job_key(change.obj)
+        return key[0] if key is not None and key[0] in working else None
 
     def _derive_idle_jobs(
         self,

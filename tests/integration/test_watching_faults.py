@@ -268,6 +268,63 @@ async def test_a_hanging_commit_holds_only_its_own_jobs_events(
         assert record.finished is finished, record
 
 
+async def test_a_job_id_used_again_while_its_finished_write_hangs_is_a_new_job(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """The TrainJob of a job id used again arrives while the write of the old one's Finished
+    hangs: the new TrainJob waits for that write, then is a new job with its own Submitted."""
+    from dispatch_kubeflow.constants import KIND_TRAINJOB
+    from dispatch_kubeflow.kube.objects import uid_of
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    store: Any = supervisor.store
+    write = store.commit
+    hang, released, hanging = False, asyncio.Event(), asyncio.Event()
+
+    async def commit(job: str, attempt: int, record: Any, events: Any) -> None:
+        if hang:
+            hanging.set()
+            await released.wait()
+        await write(job, attempt, record, events)
+
+    store.commit = commit
+    stream = supervisor.events()
+    try:
+        await world.trainjob("again", suspend=True)
+        first = await asyncio.wait_for(anext(stream), 30)
+        assert (first.job, first.type) == ("again", EventType.SUBMITTED)
+        supervisor.note_stopped("again")
+        await world.delete_trainjob("again")
+        finished = await asyncio.wait_for(anext(stream), 30)
+        assert (finished.type, finished.cause) == (EventType.FINISHED, Cause.STOPPED)
+        hang = True
+        following = asyncio.ensure_future(anext(stream))  # takes the Finished: its write hangs
+        await asyncio.wait_for(hanging.wait(), 10)
+        created = await world.trainjob("again", suspend=True)
+        trainjobs = next(i for i in supervisor.informers if i.kind == KIND_TRAINJOB)
+
+        async def seen_and_taken_up() -> bool:
+            cached = trainjobs.get("again-1", namespace)
+            return (
+                cached is not None
+                and uid_of(cached) == uid_of(created)
+                and not (supervisor.backlog())
+            )
+
+        await eventually(seen_and_taken_up, "the new TrainJob taken off the queue")
+        for _ in range(10):  # the supervisor's loop, woken by that change, runs before the write
+            await asyncio.sleep(0)
+        hang = False
+        released.set()
+        again = await asyncio.wait_for(following, 30)
+        assert (again.job, again.type, again.attempt) == ("again", EventType.SUBMITTED, 1)
+    finally:
+        released.set()
+        await stream.aclose()
+
+
 async def test_item7_a_refused_stop_job_reports_nothing_and_the_job_ends_as_it_ends(
     adapter: Adapter, kube_api: Any, namespace: str, world: World
 ) -> None:
