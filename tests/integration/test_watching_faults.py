@@ -208,6 +208,23 @@ class CommittedFirstStore(MemoryStore):
     effects_committed = True
 
 
+class HangingCommits:
+    """Wraps a supervisor's store: while ``jobs`` is set, a commit of one of them waits for
+    ``released`` (``hanging`` says one does), then writes as the store would."""
+
+    def __init__(self, store: Any) -> None:
+        self.jobs: set[str] = set()
+        self.released, self.hanging = asyncio.Event(), asyncio.Event()
+        self._write = store.commit
+        store.commit = self._commit
+
+    async def _commit(self, job: str, attempt: int, record: Any, events: Any) -> None:
+        if job in self.jobs:
+            self.hanging.set()
+            await self.released.wait()
+        await self._write(job, attempt, record, events)
+
+
 @pytest.mark.parametrize(
     "committed_first", [False, True], ids=["annotation-store", "effects-store"]
 )
@@ -228,33 +245,24 @@ async def test_a_hanging_commit_holds_only_its_own_jobs_events(
         kube_api, settings, ADAPTER, store=CommittedFirstStore() if committed_first else None
     )
     store: Any = supervisor.store
-    write = store.commit
-    hang, released, hanging = False, asyncio.Event(), asyncio.Event()
-
-    async def commit(job: str, attempt: int, record: Any, events: Any) -> None:
-        if job == "slow" and hang:
-            hanging.set()
-            await released.wait()
-        await write(job, attempt, record, events)
-
-    store.commit = commit
+    commits = HangingCommits(store)
     stream = supervisor.events()
     try:
         await world.trainjob("slow", suspend=True)
         first = await asyncio.wait_for(anext(stream), 30)
         assert (first.job, first.type) == ("slow", EventType.SUBMITTED)
-        hang = True
+        commits.jobs.add("slow")
         following = asyncio.ensure_future(anext(stream))  # takes "slow"'s Submitted
         await world.trainjob_status("slow", conditions=[cond("Complete", reason="JobsCompleted")])
-        await asyncio.wait_for(hanging.wait(), 10)
+        await asyncio.wait_for(commits.hanging.wait(), 10)
         await world.trainjob("quick", suspend=True)
         second = await asyncio.wait_for(following, 10)
         assert (second.job, second.type) == ("quick", EventType.SUBMITTED)
-        released.set()
+        commits.released.set()
         third = await asyncio.wait_for(anext(stream), 30)
         assert (third.job, third.type, third.state) == ("slow", EventType.FINISHED, State.SUCCEEDED)
     finally:
-        released.set()
+        commits.released.set()
         await stream.aclose()
     for job, finished in (("slow", True), ("quick", False)):
         if committed_first:
@@ -268,6 +276,43 @@ async def test_a_hanging_commit_holds_only_its_own_jobs_events(
         assert record.finished is finished, record
 
 
+async def test_a_write_still_hanging_when_the_stream_closes_is_given_up_and_comes_again(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """A taken transition whose write still hangs when the stream closes gets one request
+    timeout, then is given up: the close ends, and the next stream delivers it again, same id."""
+    from dispatch_kubeflow.settings.models import Timeouts
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    timeout = 2.0
+    settings = make_settings(namespace, kueue=False).model_copy(
+        update={"timeouts": Timeouts.model_validate({"request": f"{timeout:.0f}s"})}
+    )
+    supervisor = Supervisor(kube_api, settings, ADAPTER)
+    commits = HangingCommits(supervisor.store)
+    stream = supervisor.events()
+    await world.trainjob("stuck", suspend=True)
+    first = await asyncio.wait_for(anext(stream), 30)
+    assert (first.job, first.type) == ("stuck", EventType.SUBMITTED)
+    commits.jobs.add("stuck")
+    following = asyncio.ensure_future(anext(stream))  # takes the Submitted: its write hangs
+    await asyncio.wait_for(commits.hanging.wait(), 10)
+    loop = asyncio.get_running_loop()
+    closing = loop.time()
+    following.cancel()  # the consumer goes away while the write hangs
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(following, 10 * timeout)
+    assert loop.time() - closing >= timeout * 0.9  # the write was given its time
+    commits.jobs.clear()
+    again = supervisor.events()
+    try:
+        repeated = await asyncio.wait_for(anext(again), 30)
+    finally:
+        await again.aclose()
+    assert (repeated.job, repeated.type, repeated.id) == ("stuck", EventType.SUBMITTED, first.id)
+
+
 async def test_a_job_id_used_again_while_its_finished_write_hangs_is_a_new_job(
     kube_api: Any, namespace: str, world: World
 ) -> None:
@@ -279,17 +324,7 @@ async def test_a_job_id_used_again_while_its_finished_write_hangs_is_a_new_job(
     from tests.integration.test_watching import ADAPTER, make_settings
 
     supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER)
-    store: Any = supervisor.store
-    write = store.commit
-    hang, released, hanging = False, asyncio.Event(), asyncio.Event()
-
-    async def commit(job: str, attempt: int, record: Any, events: Any) -> None:
-        if hang:
-            hanging.set()
-            await released.wait()
-        await write(job, attempt, record, events)
-
-    store.commit = commit
+    commits = HangingCommits(supervisor.store)
     stream = supervisor.events()
     try:
         await world.trainjob("again", suspend=True)
@@ -299,9 +334,9 @@ async def test_a_job_id_used_again_while_its_finished_write_hangs_is_a_new_job(
         await world.delete_trainjob("again")
         finished = await asyncio.wait_for(anext(stream), 30)
         assert (finished.type, finished.cause) == (EventType.FINISHED, Cause.STOPPED)
-        hang = True
+        commits.jobs.add("again")
         following = asyncio.ensure_future(anext(stream))  # takes the Finished: its write hangs
-        await asyncio.wait_for(hanging.wait(), 10)
+        await asyncio.wait_for(commits.hanging.wait(), 10)
         created = await world.trainjob("again", suspend=True)
         trainjobs = next(i for i in supervisor.informers if i.kind == KIND_TRAINJOB)
 
@@ -316,12 +351,12 @@ async def test_a_job_id_used_again_while_its_finished_write_hangs_is_a_new_job(
         await eventually(seen_and_taken_up, "the new TrainJob taken off the queue")
         for _ in range(10):  # the supervisor's loop, woken by that change, runs before the write
             await asyncio.sleep(0)
-        hang = False
-        released.set()
+        commits.jobs.clear()
+        commits.released.set()
         again = await asyncio.wait_for(following, 30)
         assert (again.job, again.type, again.attempt) == ("again", EventType.SUBMITTED, 1)
     finally:
-        released.set()
+        commits.released.set()
         await stream.aclose()
 
 
