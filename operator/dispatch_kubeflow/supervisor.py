@@ -460,43 +460,39 @@ class Supervisor:
             while True:
                 item = await self._next(tasks)
                 if isinstance(item, JobWorked):
-                    if working.get(item.job) is not item.task:
-                        continue
-                    transitions = working.pop(item.job).result()
-                    committing.discard(item.job)
-                    for transition in transitions:
-                        last = len(transition.events) - 1
-                        for n, dispatched in enumerate(transition.events):
-                            if n == last and not self._reporter.effects_committed:
-                                delivered = transition
-                            yield dispatched
-                        if delivered is not None:
-                            # The consumer took every event and asked for more: now they count.
-                            taken.append(delivered)
-                            delivered = None
-                    if taken:
-                        self._work(item.job, working, self._commit_taken(taken, gate))
-                        committing.add(item.job)
-                        taken = []
-                        continue
-                    for change in held.pop(item.job, ()):
-                        dirty |= self._apply(change)
-                    dirty = self._derive_idle_jobs(dirty, working, gate)
-                    continue
-                if isinstance(item, HeartbeatCheck):
+                    if working.get(item.job) is item.task:
+                        transitions = working.pop(item.job).result()
+                        committing.discard(item.job)
+                        for transition in transitions:
+                            last = len(transition.events) - 1
+                            for n, dispatched in enumerate(transition.events):
+                                if n == last and not self._reporter.effects_committed:
+                                    delivered = transition
+                                yield dispatched
+                            if delivered is not None:
+                                # The consumer took every event and asked for more: they count.
+                                taken.append(delivered)
+                                delivered = None
+                        if taken:
+                            self._work(item.job, working, self._commit_taken(taken, gate))
+                            committing.add(item.job)
+                            taken = []
+                        else:
+                            for change in held.pop(item.job, ()):
+                                dirty |= self._apply(change)
+                            unflushed = FLUSH_EVERY  # the job is idle again: derive it now
+                elif isinstance(item, HeartbeatCheck):
                     event = self._heartbeat.check() if self._heartbeat is not None else None
                     if event is not None:
                         yield event
-                    continue
-                if isinstance(item, Synced):
+                elif isinstance(item, Synced):
                     pending_sync.discard(item.kind)
                     if item.kind == KIND_LEASE:
                         event = self._observe_lease()
                         if event is not None:
                             yield event
-                    if pending_sync:
-                        continue
-                    dirty |= self._index.job_keys() | await self._unfinished_in_store()
+                    if not pending_sync:
+                        dirty |= self._index.job_keys() | await self._unfinished_in_store()
                 elif isinstance(item, Retry):
                     dirty.add(item.key)
                 elif isinstance(item, StopNoted):
@@ -505,18 +501,16 @@ class Supervisor:
                     event = self._observe_lease()
                     if event is not None:
                         yield event
-                    continue
+                elif (busy := self._busy_job(item, working)) is not None:
+                    held.setdefault(busy, []).append(item)
                 else:
-                    busy = self._busy_job(item, working)
-                    if busy is not None:
-                        held.setdefault(busy, []).append(item)
-                        continue
                     dirty |= self._apply(item)
-                unflushed += 1
-                if pending_sync or (not self._queue.empty() and unflushed < FLUSH_EVERY):
-                    continue  # coalesce a burst of changes before deriving
-                unflushed = 0
-                dirty = self._derive_idle_jobs(dirty, working, gate)
+                    unflushed += 1
+                # Whatever the item, dirty jobs are derived once nothing more is waiting (or
+                # after a long burst): an item that is not a change must never leave them be.
+                if dirty and not pending_sync and (self._queue.empty() or unflushed >= FLUSH_EVERY):
+                    unflushed = 0
+                    dirty = self._derive_idle_jobs(dirty, working, gate)
         finally:
             self._watching = False
             self._stop_workload_waiters()

@@ -504,3 +504,44 @@ async def test_a_taken_transition_whose_commit_fails_is_committed_again_not_rede
         assert supervisor.held()["taken"] == 0
     finally:
         await watcher.stop()
+
+
+class TrailingQueue(asyncio.Queue[Any]):
+    """A supervisor's queue in which every watched change is followed at once by an item that
+    is no change (the Lease timer waking), as happens when the two arrive together."""
+
+    async def put(self, item: Any) -> None:
+        from dispatch_kubeflow.kube.informer import Change
+        from dispatch_kubeflow.supervisor import HeartbeatCheck
+
+        await super().put(item)
+        if isinstance(item, Change):
+            await super().put(HeartbeatCheck())
+
+
+async def test_a_change_followed_by_an_item_that_is_no_change_is_still_derived(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """A change held back to be derived with the ones after it is derived even when what comes
+    after it is not a change: the job is not left until something else happens to change."""
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    store = CommittedFirstStore()  # no commit after delivery: a job is idle once handed on
+    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER, store=store)
+    supervisor._queue = TrailingQueue()
+    stream = supervisor.events()
+    try:
+        for job in ("first", "trail"):  # "first": every kind has listed before "trail" comes
+            await world.trainjob(job, suspend=True)
+            submitted = await asyncio.wait_for(anext(stream), 10)
+            assert (submitted.job, submitted.type) == (job, EventType.SUBMITTED)
+        await world.trainjob_status("trail", conditions=[cond("Complete", reason="JobsCompleted")])
+        finished = await asyncio.wait_for(anext(stream), 10)
+        assert (finished.job, finished.type, finished.state) == (
+            "trail",
+            EventType.FINISHED,
+            State.SUCCEEDED,
+        )
+    finally:
+        await stream.aclose()
