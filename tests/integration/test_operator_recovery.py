@@ -38,6 +38,7 @@ from tests.integration.test_operator import (
     eventually,
     operator,
     operator_memo,
+    running_operator,
     scene,
 )
 from tests.integration.test_watching import cond
@@ -232,3 +233,45 @@ async def test_a_recovery_policy_readmits_and_retries_without_a_person(gated: Sc
         lambda: event_reasons(scene, "auto", "Readmitted", "Retried"), "the Events"
     )
     assert {"Readmitted", "Retried"} <= set(reasons)
+
+
+async def test_a_retry_due_after_an_operator_restart_is_carried_out_once_by_the_next(
+    cluster: Any, scene: Scene, tmp_path: Path
+) -> None:
+    """The operator that reported the failure stops before the policy's backoff has passed; the
+    next one lists the DispatchJob, schedules the same decision from its status and carries it
+    out once, for the event the first one reported."""
+    events = tmp_path / "events.jsonl"
+    policy = {"retryOn": ["ProgramError"], "backoff": "10s"}
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+        await scene.apply_adapter(scene.adapter_spec())
+        await scene.ready_adapter()
+        await scene.create_job("again", recovery=policy)
+        await scene.job_in_state("again", "Pending")
+        await scene.play_trainer(
+            "again-1", {"conditions": [cond("Failed", reason="FailedJobs", message="exit code 1")]}
+        )
+        failed = await scene.job_in_state("again", "Failed", "ProgramError")
+    reported = failed["status"]["events"][-1]
+
+    stopped = await scene.job("again")
+    assert stopped is not None
+    assert stopped["spec"]["attempt"] == 1, "the first operator retried before its backoff"
+    assert not stopped["status"].get("recovery"), stopped["status"]["recovery"]
+
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+
+        async def second_attempt() -> dict[str, Any] | None:
+            return await scene.trainjob("again-2")
+
+        await eventually(second_attempt, "the TrainJob of attempt 2, started by the next operator")
+        await scene.job_in_state("again", "Pending")
+
+    body = await scene.job("again")
+    assert body is not None
+    assert body["spec"]["attempt"] == 2
+    entries = body["status"]["recovery"]
+    assert [(e["action"], e["attempt"], e.get("event")) for e in entries] == [
+        ("Retried", 1, reported["id"])
+    ]
+    assert await scene.trainjob("again-3") is None
