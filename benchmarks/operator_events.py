@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -71,7 +72,7 @@ from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
 from dispatch_kubeflow import constants  # noqa: E402
 from tests.cluster import binaries  # noqa: E402
-from tests.cluster.controlplane import ControlPlane  # noqa: E402
+from tests.cluster.controlplane import ADMIN_USER, ControlPlane  # noqa: E402
 
 OPERATOR_USER = "dispatch-operator"
 RUNTIME: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
@@ -81,6 +82,8 @@ WATCH_SECONDS = 240
 PHASE_LIMIT = 900.0
 RETRIES = 5
 DELETED = "Deleted"
+# Every request of the operator; the benchmark's own patches (it plays the upstream controllers
+# as the admin) only to time how long the apiserver takes over the writes of the first trip.
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -88,6 +91,9 @@ omitStages: [RequestReceived, ResponseStarted]
 rules:
   - level: Metadata
     users: [%s]
+  - level: Metadata
+    users: [%s]
+    verbs: [patch]
   - level: None
 """
 
@@ -96,7 +102,8 @@ rules:
 
 
 class AuditedControlPlane(ControlPlane):
-    """The test control plane, logging every request of ``OPERATOR_USER`` (metadata only)."""
+    """The test control plane, logging every request of ``OPERATOR_USER`` and the admin's
+    patches (metadata only)."""
 
     @property
     def audit_log(self) -> Path:
@@ -104,7 +111,7 @@ class AuditedControlPlane(ControlPlane):
 
     def _apiserver_args(self) -> list[str]:
         policy = self.run_dir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY % OPERATOR_USER)
+        policy.write_text(AUDIT_POLICY % (OPERATOR_USER, ADMIN_USER))
         return [
             *super()._apiserver_args(),
             f"--audit-policy-file={policy}",
@@ -126,9 +133,20 @@ def control_plane() -> Iterator[AuditedControlPlane]:
             plane.stop()
 
 
-def audited_requests(log: Path) -> list[tuple[float, str]]:
-    """(time received, "verb resource[/subresource]") of each completed request in the log."""
-    found: list[tuple[float, str]] = []
+@dataclasses.dataclass(frozen=True)
+class Audited:
+    """One completed request: when the apiserver received it, what it was, whose, and how long
+    the apiserver took from receiving it to completing the response."""
+
+    at: float
+    what: str
+    user: str
+    seconds: float
+
+
+def audited_requests(log: Path) -> list[Audited]:
+    """Each completed request in the log ("verb resource[/subresource]" as ``what``)."""
+    found: list[Audited] = []
     for line in log.read_text().splitlines():
         entry = json.loads(line)
         if entry.get("stage") != "ResponseComplete":
@@ -137,9 +155,15 @@ def audited_requests(log: Path) -> list[tuple[float, str]]:
         what = ref.get("resource") or entry.get("requestURI", "?")
         if ref.get("subresource"):
             what += "/" + ref["subresource"]
-        at = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
-        found.append((at.timestamp(), f"{entry['verb']} {what}"))
+        received = _instant(entry["requestReceivedTimestamp"])
+        completed = _instant(entry["stageTimestamp"])
+        user = (entry.get("user") or {}).get("username", "")
+        found.append(Audited(received, f"{entry['verb']} {what}", user, completed - received))
     return found
+
+
+def _instant(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 # --- watching with no processing: the floor and the observer -----------------------------------
@@ -655,19 +679,40 @@ class Run:
             "dispatchjob_status_split": split if derived else None,
         }
 
-    def requests(self) -> dict[str, Any]:
+    def requests(self, audited: list[Audited]) -> dict[str, Any]:
         total = self.args.jobs * self.args.rounds
         per = {"create": total, "transition": len(self.written), "delete": total}
         counted: dict[str, Counter[str]] = {phase: Counter() for phase in self.marks}
-        for at, what in audited_requests(self.plane.audit_log):
+        for request in audited:
+            if request.user != OPERATOR_USER:
+                continue
             for phase, windows in self.marks.items():
-                if any(a <= at < b for a, b in windows):
-                    counted[phase][what] += 1
+                if any(a <= request.at < b for a, b in windows):
+                    counted[phase][request.what] += 1
         return {
             f"per_{'job_created' if p == 'create' else 'job_deleted' if p == 'delete' else p}": {
                 what: round(n / per[p], 3) for what, n in sorted(counted[p].items())
             }
             for p in self.marks
+        }
+
+    def apiserver_time(self, audited: list[Audited]) -> dict[str, Any]:
+        """How long the apiserver took over each write of the two trips, during the transitions:
+        the benchmark's upstream patches (the first) and the operator's status patches (the
+        second), from receiving the request to completing the response."""
+        upstream: list[float] = []
+        status: list[float] = []
+        windows = self.marks["transition"]
+        for request in audited:
+            if not any(a <= request.at < b for a, b in windows):
+                continue
+            if request.user == ADMIN_USER:
+                upstream.append(request.seconds)
+            elif request.what == "patch dispatchjobs/status":
+                status.append(request.seconds)
+        return {
+            "upstream_patch": percentiles(upstream) if upstream else None,
+            "dispatchjob_status_patch": percentiles(status) if status else None,
         }
 
 
@@ -733,6 +778,7 @@ def main() -> int:
             for watcher in watchers:
                 watcher.join(timeout=60)
         transitions = len(run.written)
+        audited = audited_requests(plane.audit_log)
         result = {
             "jobs": args.jobs,
             "rounds": args.rounds,
@@ -745,7 +791,8 @@ def main() -> int:
             "delete_seconds": None if args.keep else round(run.delete_seconds, 1),
             "still_there_when_deletion_gave_up": run.undeleted,
             "latency_ms": run.latencies(events, seen),
-            "operator_requests": run.requests(),
+            "apiserver_ms_per_write": run.apiserver_time(audited),
+            "operator_requests": run.requests(audited),
             "operator_peak_rss_mib": peak,
             "operator_rss_mib_after_each_round": run.rss_after_rounds,
             "operator_cpu_seconds_per_1000_transitions": round(
