@@ -142,6 +142,7 @@ class Audited:
     what: str
     user: str
     seconds: float
+    name: str
 
 
 def audited_requests(log: Path) -> list[Audited]:
@@ -158,7 +159,8 @@ def audited_requests(log: Path) -> list[Audited]:
         received = _instant(entry["requestReceivedTimestamp"])
         completed = _instant(entry["stageTimestamp"])
         user = (entry.get("user") or {}).get("username", "")
-        found.append(Audited(received, f"{entry['verb']} {what}", user, completed - received))
+        what = f"{entry['verb']} {what}"
+        found.append(Audited(received, what, user, completed - received, ref.get("name", "")))
     return found
 
 
@@ -700,20 +702,56 @@ class Run:
         """How long the apiserver took over each write of the two trips, during the transitions:
         the benchmark's upstream patches (the first) and the operator's status patches (the
         second), from receiving the request to completing the response."""
-        upstream: list[float] = []
-        status: list[float] = []
-        windows = self.marks["transition"]
-        for request in audited:
-            if not any(a <= request.at < b for a, b in windows):
-                continue
-            if request.user == ADMIN_USER:
-                upstream.append(request.seconds)
-            elif request.what == "patch dispatchjobs/status":
-                status.append(request.seconds)
+        upstream = [r.seconds for r in self._in_transitions(audited) if r.user == ADMIN_USER]
+        status = [r.seconds for r in self._status_patches(audited)]
         return {
             "upstream_patch": percentiles(upstream) if upstream else None,
             "dispatchjob_status_patch": percentiles(status) if status else None,
         }
+
+    def second_trip(self, audited: list[Audited], events: Events) -> dict[str, Any] | None:
+        """The second trip of each transition in three: from the operator deriving the event to
+        the apiserver receiving its status patch, the apiserver's handling of the patch, and from
+        the response to the user's watch showing the event. A job's patches are paired with its
+        events in time order, and only a job with as many of each is counted."""
+        derived_at: dict[tuple[str, str], float] = events.final[0] if events.final else {}
+        patches: dict[str, list[Audited]] = {}
+        for request in self._status_patches(audited):
+            patches.setdefault(request.name, []).append(request)
+        derived: dict[str, list[tuple[float, float]]] = {}
+        for key in self.written:
+            if key in derived_at and key in events.arrived:
+                derived.setdefault(key[0], []).append((derived_at[key], events.arrived[key]))
+        sending: list[float] = []
+        handling: list[float] = []
+        delivering: list[float] = []
+        for job, moments in derived.items():
+            sent = sorted(patches.get(job, []), key=lambda r: r.at)
+            if len(sent) != len(moments):
+                continue
+            for (began, shown), patch in zip(sorted(moments), sent, strict=True):
+                sending.append(patch.at - began)
+                handling.append(patch.seconds)
+                delivering.append(shown - patch.at - patch.seconds)
+        if not sending:
+            return None
+        return {
+            "transitions": len(sending),
+            "derived_to_received": percentiles(sending),
+            "apiserver": percentiles(handling),
+            "response_to_shown": percentiles(delivering),
+        }
+
+    def _in_transitions(self, audited: list[Audited]) -> list[Audited]:
+        windows = self.marks["transition"]
+        return [r for r in audited if any(a <= r.at < b for a, b in windows)]
+
+    def _status_patches(self, audited: list[Audited]) -> list[Audited]:
+        return [
+            r
+            for r in self._in_transitions(audited)
+            if r.user == OPERATOR_USER and r.what == "patch dispatchjobs/status"
+        ]
 
 
 def main() -> int:
@@ -792,6 +830,7 @@ def main() -> int:
             "still_there_when_deletion_gave_up": run.undeleted,
             "latency_ms": run.latencies(events, seen),
             "apiserver_ms_per_write": run.apiserver_time(audited),
+            "second_trip_ms": run.second_trip(audited, events),
             "operator_requests": run.requests(audited),
             "operator_peak_rss_mib": peak,
             "operator_rss_mib_after_each_round": run.rss_after_rounds,
