@@ -640,13 +640,21 @@ class Supervisor:
         return transition
 
     async def _commit(self, transition: Transition) -> bool:
-        """Store the transition; on failure, derive the job again later. True when stored."""
+        """Store the transition; on failure, derive the job again later. True when stored.
+
+        Whatever the store raises costs this transition a retry, never the stream: a store's
+        own fault is logged with its traceback and tried again like an apiserver's refusal.
+        """
         key = (transition.job, transition.attempt)
         try:
             await self._reporter.commit(transition)
         except COMMIT_ERRORS as error:
             # Nothing counts as reported until the store holds it.
             log.warning("committing the transition of %s failed: %s", key, describe(error))
+            self._retry_later(key)
+            return False
+        except Exception:
+            log.exception("committing the transition of %s failed", key)
             self._retry_later(key)
             return False
         self._failures.pop(key, None)

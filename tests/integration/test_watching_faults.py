@@ -463,28 +463,39 @@ async def test_item13_a_finished_job_whose_objects_are_gone_is_forgotten(
 
 
 class FailingCommits(MemoryStore):
-    """The in-memory store, whose first ``failures`` commits fail as an unreachable apiserver."""
+    """The in-memory store, whose first ``failures`` commits raise ``error``."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, error: Exception) -> None:
         super().__init__()
         self.failures = failures
+        self.error = error
         self.tried = 0
 
     async def commit(self, job: str, attempt: int, record: Any, events: Any) -> None:
         self.tried += 1
         if self.failures:
             self.failures -= 1
-            raise UnavailableError("the apiserver is not answering (this test)")
+            raise self.error
         await super().commit(job, attempt, record, events)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        UnavailableError("the apiserver is not answering (this test)"),
+        RuntimeError("a fault of the store's own (this test)"),
+    ],
+    ids=["apiserver-unavailable", "store-fault"],
+)
 async def test_a_taken_transition_whose_commit_fails_is_committed_again_not_redelivered(
-    kube_api: Any, namespace: str, world: World
+    kube_api: Any, namespace: str, world: World, error: Exception
 ) -> None:
+    """Whatever a store raises when it commits what the consumer took, the stream goes on, the
+    transition is committed again, and it is never delivered twice."""
     from dispatch_kubeflow.supervisor import Supervisor
     from tests.integration.test_watching import ADAPTER, make_settings
 
-    store = FailingCommits(failures=3)
+    store = FailingCommits(failures=3, error=error)
     supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER, store=store)
     watcher = Watcher(supervisor).start()
     try:
