@@ -117,6 +117,8 @@ class AuditedControlPlane(ControlPlane):
             f"--audit-policy-file={policy}",
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",
+            # Rotated away at its default of 100 MB, a long run's early requests went uncounted.
+            "--audit-log-maxsize=100000",
         ]
 
 
