@@ -209,6 +209,11 @@ class World:
         }
         if node:
             spec["nodeName"] = node
+            # The suite's controller-manager, once some test has started it, runs the taint
+            # manager, which would evict the pod for any NoExecute taint a test puts on its node
+            # (a NodeLost of its own, racing the taint's). Tests of the taint manager's deletion
+            # write it themselves.
+            spec["tolerations"] = [{"operator": "Exists", "effect": "NoExecute"}]
         await self.core.create_namespaced_pod(
             self.ns, {"metadata": {"name": name, "labels": labels}, "spec": spec}
         )
