@@ -23,8 +23,13 @@ from dispatch_kubeflow.constants import (
 )
 from dispatch_kubeflow.errors import InvalidError, NotFoundError, UnsupportedError
 from dispatch_kubeflow.finding import Found, find
-from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_not_found, to_dispatch_error
-from dispatch_kubeflow.kube.objects import name_of
+from dispatch_kubeflow.kube.apierrors import (
+    REQUEST_ERRORS,
+    is_not_found,
+    is_replaced,
+    to_dispatch_error,
+)
+from dispatch_kubeflow.kube.objects import annotation_patch, name_of
 from dispatch_kubeflow.kube.workloads import eviction_count
 from dispatch_kubeflow.scope import Scope
 
@@ -69,11 +74,11 @@ async def _annotate(scope: Scope, trainjob: Obj, annotations: Mapping[str, str])
             scope.namespace,
             TRAINJOBS,
             name,
-            {"metadata": {"annotations": dict(annotations)}},
+            annotation_patch(trainjob, annotations),
             _content_type=MERGE_PATCH,
         )
     except REQUEST_ERRORS as error:
-        if is_not_found(error):
+        if is_not_found(error) or is_replaced(error):
             raise NotFoundError(f"TrainJob {name} is gone") from None
         raise to_dispatch_error(
             f"annotating TrainJob {name}", error, verb="patch", resource=TRAINJOBS

@@ -57,10 +57,12 @@ from dispatch_kubeflow.kube.apierrors import (
     REQUEST_ERRORS,
     describe,
     is_not_found,
+    is_replaced,
     to_dispatch_error,
 )
 from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
 from dispatch_kubeflow.kube.objects import (
+    annotation_patch,
     annotations_of,
     is_deleting,
     labels_of,
@@ -165,12 +167,16 @@ class TrainJobAnnotationStore:
     async def commit(
         self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
     ) -> None:
-        """One merge patch; a TrainJob deleted meanwhile needs no record."""
+        """One merge patch; a TrainJob deleted meanwhile needs no record.
+
+        The patch names the TrainJob's uid: a record of a TrainJob deleted and created again
+        under its name never lands on the new one, which is a new job with no record yet.
+        """
         train_job = self._lookup(job, attempt)
         if train_job is None:
             return
         self.requests += 1
-        body = {"metadata": {"annotations": {ANNOTATION_REPORTED: record.to_json()}}}
+        body = annotation_patch(train_job, {ANNOTATION_REPORTED: record.to_json()})
         # The typed stub omits _content_type; without it a dict body goes out as a JSON patch.
         patch: Callable[..., Awaitable[Any]] = self._api.patch_namespaced_custom_object
         try:
@@ -185,7 +191,7 @@ class TrainJobAnnotationStore:
                 _request_timeout=self._timeout,
             )
         except REQUEST_ERRORS as error:
-            if not is_not_found(error):
+            if not (is_not_found(error) or is_replaced(error)):
                 raise
 
 

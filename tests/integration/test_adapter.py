@@ -26,6 +26,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dispatch_kubeflow import gate
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
@@ -38,6 +39,9 @@ from dispatch_kubeflow.constants import (
     LABEL_PRIORITY_CLASS,
     LABEL_QUEUE_NAME,
     RUNTIME_PATCH_MANAGER,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    TRAINJOBS,
     State,
 )
 from dispatch_kubeflow.errors import ErrInvalid, ErrNotFound, ErrOutcomeUnknown, ErrUnsupported
@@ -1063,6 +1067,33 @@ async def test_readmit_and_reject_annotate_the_current_trainjob(
     assert current["metadata"]["annotations"][ANNOTATION_REJECT] == "dispatch gave up on this job"
     earlier = await read_trainjob(kube_api, namespace, "gated-1")
     assert ANNOTATION_READMIT not in earlier["metadata"]["annotations"]
+
+
+async def test_a_gate_annotation_for_a_deleted_trainjob_never_reaches_its_namesake(
+    adapter: Adapter, kube_api: client.ApiClient, namespace: str
+) -> None:
+    # readmit and reject annotate the TrainJob they found; it may be deleted, and a new job
+    # created under its name, before the patch arrives.
+    await adapter.start(JobSpec(job_id="renamed"))
+    deleted = await read_trainjob(kube_api, namespace, "renamed-1")
+    objects: Any = client.CustomObjectsApi(kube_api)
+    await objects.delete_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, namespace, TRAINJOBS, "renamed-1"
+    )
+    await objects.create_namespaced_custom_object(
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        namespace,
+        TRAINJOBS,
+        {k: deleted[k] for k in ("apiVersion", "kind", "spec")}
+        | {"metadata": {"name": "renamed-1", "labels": deleted["metadata"]["labels"]}},
+    )
+    message = await raises(
+        ErrNotFound, gate._annotate(adapter.scope, deleted, {ANNOTATION_REJECT: "too late"})
+    )
+    assert message == "TrainJob renamed-1 is gone"
+    current = await read_trainjob(kube_api, namespace, "renamed-1")
+    assert ANNOTATION_REJECT not in current["metadata"].get("annotations", {})
 
 
 async def test_readmit_is_unsupported_without_a_gate(adapter: Adapter) -> None:

@@ -21,8 +21,9 @@ from dispatch_kubeflow import constants
 from dispatch_kubeflow.clock import ManualClock
 from dispatch_kubeflow.constants import Cause, EventType, State
 from dispatch_kubeflow.events import DispatchEvent
+from dispatch_kubeflow.reporting import ReportedRecord
 from dispatch_kubeflow.settings import AdmissionLease, Kueue, RuntimeRef, Settings
-from dispatch_kubeflow.supervisor import Supervisor
+from dispatch_kubeflow.supervisor import Supervisor, TrainJobAnnotationStore
 from tests.cluster.controlplane import ControlPlane
 
 EVENT_TIMEOUT = 30.0
@@ -969,3 +970,20 @@ async def test_a_job_id_used_again_after_a_stop_is_a_new_job(
         EventType.SUBMITTED,
         EventType.ADMITTED,
     ]
+
+
+async def test_a_record_for_a_deleted_trainjob_never_lands_on_one_created_again_under_its_name(
+    world: World, kube_api: client.ApiClient, namespace: str
+) -> None:
+    # The supervisor commits a transition after handing it on, from its cache: the TrainJob it
+    # holds may be deleted, and a new one (a new job) created under the name, by then.
+    deleted = await world.trainjob("heir")
+    await world.delete_trainjob("heir")
+    await world.trainjob("heir")
+    store = TrainJobAnnotationStore(
+        client.CustomObjectsApi(kube_api), namespace, lambda job, attempt: deleted
+    )
+    await store.commit("heir", 1, ReportedRecord(submitted=True, finished=True), [])
+    current = await world.custom.get_namespaced_custom_object(name="heir-1", **world._tj)
+    assert constants.ANNOTATION_REPORTED not in current["metadata"].get("annotations", {})
+    assert store.requests == 1  # the patch was sent, and refused

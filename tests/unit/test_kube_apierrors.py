@@ -27,6 +27,7 @@ from dispatch_kubeflow.kube.apierrors import (
     is_gone,
     is_invalid,
     is_not_found,
+    is_replaced,
     is_transient,
     is_transport,
     status_of,
@@ -51,6 +52,27 @@ def test_status_predicates() -> None:
     assert is_invalid(api_error(422))
     assert not is_invalid(api_error(400))
     assert not is_not_found(aiohttp.ClientConnectionError())
+
+
+def invalid_on(*fields: str) -> ApiException:
+    error = ApiException(status=422, reason="Unprocessable Entity")
+    causes = [{"reason": "FieldValueInvalid", "field": field} for field in fields]
+    error.body = json.dumps({"kind": "Status", "details": {"causes": causes}}).encode()
+    return error
+
+
+def test_only_a_refusal_on_the_uid_says_the_object_was_replaced() -> None:
+    assert is_replaced(invalid_on("metadata.uid"))
+    assert is_replaced(invalid_on("spec.suspend", "metadata.uid"))
+    assert not is_replaced(invalid_on("metadata.annotations"))
+    assert not is_replaced(api_error(422))  # no causes at all
+    not_found = api_error(404)
+    not_found.body = invalid_on("metadata.uid").body
+    assert not is_replaced(not_found)
+    garbled = invalid_on("metadata.uid")
+    garbled.body = b"<html>"
+    assert not is_replaced(garbled)
+    assert not is_replaced(TimeoutError())
 
 
 @pytest.mark.parametrize(

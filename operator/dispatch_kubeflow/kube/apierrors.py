@@ -60,6 +60,21 @@ def is_invalid(error: BaseException) -> bool:
     return status_of(error) == HTTP_UNPROCESSABLE
 
 
+def is_replaced(error: BaseException) -> bool:
+    """HTTP 422 on ``metadata.uid``: a write carrying an object's uid reached another object.
+
+    The object named was deleted and created again under the same name; the write was meant for
+    the first one and the apiserver changed nothing.
+    """
+    if not is_invalid(error) or not isinstance(error, ApiException):
+        return False
+    try:
+        causes = json.loads(error.body or b"").get("details", {}).get("causes") or []
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return any(isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes)
+
+
 def is_forbidden(error: BaseException) -> bool:
     return status_of(error) == HTTP_FORBIDDEN
 
