@@ -27,6 +27,7 @@ from dispatch_kubeflow.constants import (
     MERGE_PATCH,
     VERSION,
 )
+from dispatch_kubeflow.handlers.recovery import raise_attempt_from
 from tests.integration.test_adapter import (
     create_local_queue,
     garbage_collector,
@@ -190,6 +191,29 @@ async def test_spec_readmit_may_only_go_up(gated: Scene) -> None:
     with pytest.raises(client.exceptions.ApiException) as refused:
         await patch_spec(scene, "down", {"readmit": 1})
     assert "spec.readmit may only be raised" in str(refused.value.body)
+
+
+async def test_a_retry_meant_for_a_deleted_dispatchjob_leaves_its_namesake_alone(
+    scene: Scene,
+) -> None:
+    # A retry is decided from the DispatchJob as read; it may be deleted, and a new one applied
+    # under its name, before the attempt is raised.
+    await scene.create_job("reborn", attempt=1)
+    deleted = await scene.job("reborn")
+    assert deleted is not None
+    await scene.objects.delete_namespaced_custom_object(
+        GROUP, VERSION, scene.namespace, "dispatchjobs", "reborn"
+    )
+    await scene.create_job("reborn", attempt=1)
+    uid = deleted["metadata"]["uid"]
+    assert not await raise_attempt_from(scene.api, scene.namespace, "reborn", uid, 1)
+    current = await scene.job("reborn")
+    assert current is not None
+    assert current["spec"]["attempt"] == 1
+    assert await raise_attempt_from(
+        scene.api, scene.namespace, "reborn", current["metadata"]["uid"], 1
+    )
+    assert (await scene.job("reborn") or {})["spec"]["attempt"] == 2
 
 
 async def test_a_recovery_policy_readmits_and_retries_without_a_person(gated: Scene) -> None:

@@ -173,13 +173,15 @@ async def record(
 
 
 async def raise_attempt_from(
-    api: client.ApiClient, namespace: str, name: str, attempt: int
+    api: client.ApiClient, namespace: str, name: str, uid: str, attempt: int
 ) -> bool:
-    """Raise ``spec.attempt`` from ``attempt`` by one; False when it had already moved."""
+    """Raise ``spec.attempt`` from ``attempt`` by one; False when it had already moved, or when
+    the DispatchJob of ``uid`` was deleted and another created under its name."""
     patch: Callable[..., Awaitable[Any]] = client.CustomObjectsApi(
         api
     ).patch_namespaced_custom_object
     body = [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
         {"op": "test", "path": "/spec/attempt", "value": attempt},
         {"op": "replace", "path": "/spec/attempt", "value": attempt + 1},
     ]
@@ -196,7 +198,8 @@ async def act(memo: kopf.Memo, body: Mapping[str, Any], decision: Decision) -> b
     """Carry ``decision`` out; False when it no longer applies. Refusals raise."""
     namespace, name = str(dig(body, "metadata", "namespace")), str(dig(body, "metadata", "name"))
     if decision.action == "Retried":
-        return await raise_attempt_from(memo.api, namespace, name, decision.attempt)
+        uid = str(dig(body, "metadata", "uid"))
+        return await raise_attempt_from(memo.api, namespace, name, uid, decision.attempt)
     adapter = await serving_adapter(memo.registry, namespace, str(dig(body, "spec", "adapter")))
     await adapter.readmit(name)
     return True
