@@ -10,26 +10,19 @@ merge patch of the TrainJob; the controller does the rest.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
     ANNOTATION_REJECT,
-    MERGE_PATCH,
-    TRAINER_GROUP,
-    TRAINER_VERSION,
     TRAINJOBS,
 )
 from dispatch_kubeflow.errors import InvalidError, NotFoundError, UnsupportedError
 from dispatch_kubeflow.finding import Found, find
-from dispatch_kubeflow.kube.apierrors import (
-    REQUEST_ERRORS,
-    is_not_found,
-    is_replaced,
-    to_dispatch_error,
-)
-from dispatch_kubeflow.kube.objects import annotation_patch, name_of
+from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, to_dispatch_error
+from dispatch_kubeflow.kube.objects import name_of
+from dispatch_kubeflow.kube.trainjobs import annotate_trainjob
 from dispatch_kubeflow.kube.workloads import eviction_count
 from dispatch_kubeflow.scope import Scope
 
@@ -65,21 +58,11 @@ async def _gate_target(scope: Scope, what: str, job_id: str) -> tuple[Obj, Found
 
 async def _annotate(scope: Scope, trainjob: Obj, annotations: Mapping[str, str]) -> None:
     name = name_of(trainjob)
-    # The typed stub omits _content_type; without it a dict body goes out as a JSON patch.
-    patch: Callable[..., Awaitable[Any]] = scope.custom.patch_namespaced_custom_object
     try:
-        await patch(
-            TRAINER_GROUP,
-            TRAINER_VERSION,
-            scope.namespace,
-            TRAINJOBS,
-            name,
-            annotation_patch(trainjob, annotations),
-            _content_type=MERGE_PATCH,
-        )
+        annotated = await annotate_trainjob(scope.custom, scope.namespace, trainjob, annotations)
     except REQUEST_ERRORS as error:
-        if is_not_found(error) or is_replaced(error):
-            raise NotFoundError(f"TrainJob {name} is gone") from None
         raise to_dispatch_error(
             f"annotating TrainJob {name}", error, verb="patch", resource=TRAINJOBS
         ) from None
+    if not annotated:
+        raise NotFoundError(f"TrainJob {name} is gone")

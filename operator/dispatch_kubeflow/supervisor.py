@@ -42,7 +42,6 @@ from dispatch_kubeflow.constants import (
     LABEL_KUEUE_JOB_UID,
     LABEL_PROBE,
     LEASES,
-    MERGE_PATCH,
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
@@ -56,19 +55,17 @@ from dispatch_kubeflow.index import JobIndex, JobKey, job_key, loss_taints_of, t
 from dispatch_kubeflow.kube.apierrors import (
     REQUEST_ERRORS,
     describe,
-    is_not_found,
-    is_replaced,
     to_dispatch_error,
 )
 from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
 from dispatch_kubeflow.kube.objects import (
-    annotation_patch,
     annotations_of,
     is_deleting,
     labels_of,
     name_of,
     uid_of,
 )
+from dispatch_kubeflow.kube.trainjobs import annotate_trainjob
 from dispatch_kubeflow.reporting import (
     ListingReportStore,
     ReportedRecord,
@@ -176,23 +173,13 @@ class TrainJobAnnotationStore:
         if train_job is None:
             return
         self.requests += 1
-        body = annotation_patch(train_job, {ANNOTATION_REPORTED: record.to_json()})
-        # The typed stub omits _content_type; without it a dict body goes out as a JSON patch.
-        patch: Callable[..., Awaitable[Any]] = self._api.patch_namespaced_custom_object
-        try:
-            await patch(
-                TRAINER_GROUP,
-                TRAINER_VERSION,
-                self._namespace,
-                TRAINJOBS,
-                name_of(train_job),
-                body,
-                _content_type=MERGE_PATCH,
-                _request_timeout=self._timeout,
-            )
-        except REQUEST_ERRORS as error:
-            if not (is_not_found(error) or is_replaced(error)):
-                raise
+        await annotate_trainjob(
+            self._api,
+            self._namespace,
+            train_job,
+            {ANNOTATION_REPORTED: record.to_json()},
+            request_timeout=self._timeout,
+        )
 
 
 class Supervisor:

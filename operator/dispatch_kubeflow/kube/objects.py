@@ -80,18 +80,6 @@ def annotations_of(obj: Any) -> Mapping[str, str]:
     return annotations if isinstance(annotations, Mapping) else {}
 
 
-def annotation_patch(obj: Any, annotations: Mapping[str, str]) -> dict[str, Any]:
-    """A merge patch that sets ``annotations`` on ``obj`` and on no later object of its name.
-
-    The patch carries ``obj``'s uid: once ``obj`` is deleted and another object is created under
-    its name, the apiserver refuses it (HTTP 422 on ``metadata.uid``; see ``is_replaced``).
-    """
-    metadata: dict[str, Any] = {"annotations": dict(annotations)}
-    if uid := uid_of(obj):
-        metadata["uid"] = uid
-    return {"metadata": metadata}
-
-
 def is_deleting(obj: Any) -> bool:
     return dig(obj, "metadata", "deletionTimestamp") is not None
 
