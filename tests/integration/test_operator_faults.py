@@ -248,6 +248,12 @@ async def test_item3_a_recreated_dispatchjob_is_reported_again(
         await play_succeeded(scene, "phoenix-1")
         body = await scene.job_in_state("phoenix", "Succeeded")
 
+        # The event line follows the status write: wait for it before the operator stops.
+        async def logged() -> bool:
+            return len([e for e in event_lines(events) if e.get("job") == "phoenix"]) >= 6
+
+        await eventually(logged, "the second Finished in the event log")
+
     assert [e["type"] for e in body["status"]["events"]] == ["Submitted", "Admitted", "Finished"]
     lines = [e["type"] for e in event_lines(events) if e.get("job") == "phoenix"]
     assert lines == ["Submitted", "Admitted", "Finished"] * 2
