@@ -2,7 +2,7 @@
 
 Each class is one finding of the fuzz campaign: deep nesting, lone surrogates, long durations,
 many credentials, long lists, and messages that broke lines or ran long. Time bounds are growth
-ratios (doubling the input at most triples the time), never wall-clock limits.
+ratios (quadrupling the input at most multiplies the time by eight), never wall-clock limits.
 """
 
 from __future__ import annotations
