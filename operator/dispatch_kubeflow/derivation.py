@@ -325,6 +325,19 @@ def admission_pods(obs: JobObservation) -> list[Mapping[str, Any]]:
     return [p for p in obs.pods if not _created_before(p, start)]
 
 
+def pods_have_ended(obs: JobObservation) -> bool:
+    """Every pod of the job is seen deleted or in a phase it never leaves.
+
+    Until then a job the TrainJob says has finished may have pods whose end the pod watch has
+    not shown yet: a pod ends before its Job, JobSet and TrainJob do, but each kind is watched
+    on its own stream.
+    """
+    return bool(obs.pods) and all(
+        is_deleting(pod) or dig(pod, "status", "phase") in (POD_SUCCEEDED, POD_FAILED)
+        for pod in obs.pods
+    )
+
+
 def _admission_start(workload: Mapping[str, Any] | None) -> datetime | None:
     """When the current admission of a once-evicted Workload began; None otherwise."""
     if workload is None or eviction_count(workload) == 0:

@@ -13,7 +13,7 @@ judge a node the same way.
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,25 @@ def trimmer(kind: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
 
 # --------------------------------------------------------------------------------------------
 # Reading jobs and nodes
+
+
+def marked_deleted(pod: Obj) -> Obj:
+    """A deleted pod, kept as evidence (a taint-manager deletion says NodeLost); marked
+    deleted, it is never counted as running."""
+    if is_deleting(pod):
+        return pod
+    return {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleted"}}
+
+
+def pods_as_read(seen: Iterable[Obj], read: Iterable[Obj]) -> tuple[Obj, ...]:
+    """A job's pods as a fresh read from the apiserver has them, with the watch's evidence.
+
+    ``read`` is newer than anything watched: a pod in it replaces the watched one of its name,
+    a watched pod missing from it has been deleted, and pods watched being deleted stay.
+    """
+    fresh = {name_of(pod): pod for pod in read}
+    pods = {name_of(pod): fresh.get(name_of(pod)) or marked_deleted(pod) for pod in seen}
+    return (*pods.values(), *(pod for name, pod in fresh.items() if name not in pods))
 
 
 def job_key(obj: Mapping[str, Any]) -> JobKey | None:
@@ -247,10 +266,7 @@ class JobIndex:
         pod = change.obj
         pods = self.pods[key]
         if change.type == "DELETED":
-            if not is_deleting(pod):
-                # A deleted pod stays as evidence (a taint-manager deletion says NodeLost);
-                # marking it deleted keeps it out of "running".
-                pod = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleted"}}
+            pod = marked_deleted(pod)
             pods.pop(name, None)  # to the end: the newest deleted pods are the ones kept
         pods[name] = pod
         self.pod_keys[name] = key

@@ -39,6 +39,8 @@ from dispatch_kubeflow.constants import (
     KUEUE_GROUP,
     KUEUE_VERSION,
     LABEL_ADAPTER,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
     LABEL_KUEUE_JOB_UID,
     LABEL_PROBE,
     LEASES,
@@ -46,18 +48,33 @@ from dispatch_kubeflow.constants import (
     TRAINER_VERSION,
     TRAINJOBS,
     WORKLOADS,
+    State,
 )
-from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.derivation import derive, pods_have_ended
 from dispatch_kubeflow.errors import DispatchError
-from dispatch_kubeflow.events import DispatchEvent
+from dispatch_kubeflow.events import DispatchEvent, JobObservation
 from dispatch_kubeflow.heartbeat import LeaseHeartbeat
-from dispatch_kubeflow.index import JobIndex, JobKey, job_key, loss_taints_of, trimmer
+from dispatch_kubeflow.index import (
+    JobIndex,
+    JobKey,
+    job_key,
+    loss_taints_of,
+    pods_as_read,
+    trimmer,
+)
 from dispatch_kubeflow.kube.apierrors import (
     REQUEST_ERRORS,
     describe,
     to_dispatch_error,
 )
-from dispatch_kubeflow.kube.informer import DEFAULT_WATCH_TIMEOUT, Change, Informer, ListFn, Synced
+from dispatch_kubeflow.kube.informer import (
+    DEFAULT_WATCH_TIMEOUT,
+    Change,
+    Informer,
+    ListFn,
+    Synced,
+    list_all,
+)
 from dispatch_kubeflow.kube.objects import (
     annotations_of,
     is_deleting,
@@ -100,6 +117,8 @@ SAVE_CONCURRENCY = 32
 # Kinds whose changes wait while their job's task runs: the task ends on the job's objects as it
 # saw them (a TrainJob created again under the same name is a new job only after that).
 HELD_KINDS = frozenset({KIND_TRAINJOB, KIND_JOBSET, KIND_POD})
+# States the TrainJob's own condition ends a job in; its pods' end is what the Finished tells.
+ENDED_BY_TRAINJOB = frozenset({State.SUCCEEDED, State.FAILED})
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,7 @@ class Supervisor:
         self._watching = False
         self.informers: list[Informer] = []
         self._heartbeat: LeaseHeartbeat | None = None
+        self._pod_reads = 0
 
     @property
     def store(self) -> ReportStore:
@@ -239,7 +259,7 @@ class Supervisor:
 
     def requests(self) -> int:
         """API requests made so far by the informers and the store."""
-        count = sum(i.requests for i in self.informers)
+        count = sum(i.requests for i in self.informers) + self._pod_reads
         return count + int(getattr(self._store, "requests", 0))
 
     def watch_problems(self) -> list[DispatchError]:
@@ -618,6 +638,14 @@ class Supervisor:
             return None
         obs = self._index.observation(key, stopped=self._is_stopped(key))
         status = derive(obs, loss_taints=self._loss_taints)
+        if status.state in ENDED_BY_TRAINJOB and not pods_have_ended(obs):
+            try:
+                obs = await self._with_pods_read(obs)
+            except DispatchError as error:
+                log.warning("reading the pods of %s failed: %s", key, error)
+                self._retry_later(key)
+                return None
+            status = derive(obs, loss_taints=self._loss_taints)
         train_job = self._index.train_jobs.get(key)
         transition = await self._reporter.next_transition(
             job=key[0],
@@ -631,6 +659,30 @@ class Supervisor:
         if self._reporter.effects_committed and not await self._commit(transition):
             return None
         return transition
+
+    async def _with_pods_read(self, obs: JobObservation) -> JobObservation:
+        """``obs`` with the job's pods as the apiserver has them now.
+
+        A LIST without a resourceVersion is a quorum read: whatever the kubelet wrote of a pod
+        before Trainer wrote the TrainJob's end is in it, however far the pod watch lags.
+        """
+        selector = f"{self._selector()},{LABEL_JOB}={obs.job},{LABEL_ATTEMPT}={obs.attempt}"
+        core = client.CoreV1Api(self._api)
+
+        async def list_pods(**kwargs: Any) -> Any:
+            self._pod_reads += 1
+            return await core.list_namespaced_pod(
+                self._settings.namespace, label_selector=selector, **kwargs
+            )
+
+        listing = await list_all(
+            list_pods,
+            what=f"list the pods of job {obs.job} attempt {obs.attempt}",
+            request_timeout=self._settings.timeouts.request,
+            trim=trimmer(KIND_POD),
+        )
+        pods = pods_as_read(obs.pods, listing.items)
+        return obs.model_copy(update={"pods": pods})
 
     async def _commit(self, transition: Transition) -> bool:
         """Store the transition; on failure, derive the job again later. True when stored.

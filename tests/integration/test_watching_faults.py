@@ -556,3 +556,122 @@ async def test_a_change_followed_by_an_item_that_is_no_change_is_still_derived(
         )
     finally:
         await stream.aclose()
+
+
+class LaggingPodWatch(asyncio.Queue[Any]):
+    """A supervisor's queue that holds back the pod watch's changes while ``lagging`` is set,
+    as a pod watch that is slow, or relisting after a drop, does; ``catch_up`` lets them in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lagging = False
+        self.held: list[Any] = []
+
+    async def put(self, item: Any) -> None:
+        from dispatch_kubeflow.kube.informer import Change
+
+        if self.lagging and isinstance(item, Change) and item.kind == constants.KIND_POD:
+            self.held.append(item)
+            return
+        await super().put(item)
+
+    async def catch_up(self) -> None:
+        self.lagging = False
+        for item in self.held:
+            await super().put(item)
+        self.held.clear()
+
+
+@pytest.mark.parametrize(
+    ("trainjob_condition", "container", "expected"),
+    [
+        (
+            cond("Failed", reason="FailedJobs"),
+            terminated(137, "OOMKilled"),
+            (State.FAILED, Cause.OUT_OF_MEMORY, None),
+        ),
+        (
+            cond("Complete", reason="JobsCompleted"),
+            terminated(0, "Completed", '{"loss": 0.25}'),
+            (State.SUCCEEDED, None, {"loss": 0.25}),
+        ),
+    ],
+    ids=["out-of-memory", "published-result"],
+)
+async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_ended(
+    kube_api: Any,
+    namespace: str,
+    world: World,
+    trainjob_condition: dict[str, Any],
+    container: dict[str, Any],
+    expected: tuple[State, Cause | None, dict[str, Any] | None],
+) -> None:
+    """The TrainJob's Failed or Complete arrives while the pod watch still shows the pod
+    running (the two watches are separate streams; one can lag or relist). The pod ended
+    before the TrainJob did, so the Finished carries what its end says: the cause and evidence
+    of an out-of-memory kill, the result it published."""
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    queue = LaggingPodWatch()
+    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    supervisor._queue = queue
+    watcher = Watcher(supervisor).start()
+    try:
+        await world.trainjob("lag")
+        await world.pod("lag", "lag-0")
+        await world.pod_status("lag-0", phase="Running", containerStatuses=[running()])
+        await watcher.wait_event("lag", EventType.RUNNING)
+        queue.lagging = True
+        phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
+        await world.pod_status("lag-0", phase=phase, containerStatuses=[container])
+        await world.trainjob_status("lag", conditions=[trainjob_condition])
+        finished = await watcher.wait_event("lag", EventType.FINISHED)
+        await queue.catch_up()
+    finally:
+        await watcher.stop()
+    assert (finished.state, finished.cause, finished.result) == expected
+    if finished.cause is Cause.OUT_OF_MEMORY:
+        assert [(e.name, e.exit_code) for e in finished.evidence] == [("lag-0", 137)]
+
+
+async def test_a_finish_whose_pod_read_fails_is_reported_once_a_read_succeeds(
+    kube_api: Any, namespace: str, world: World
+) -> None:
+    """The read of a finished job's pods fails (the apiserver not answering, injected into the
+    supervisor's own call): nothing is reported from the stale pods; the job is derived again
+    and its one Finished carries the cause the pods give."""
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    class FailingPodReads(Supervisor):
+        reads = 0
+
+        async def _with_pods_read(self, obs: Any) -> Any:
+            self.reads += 1
+            if self.reads == 1:
+                raise UnavailableError("the apiserver is not answering (this test)")
+            return await super()._with_pods_read(obs)
+
+    queue = LaggingPodWatch()
+    supervisor = FailingPodReads(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    supervisor._queue = queue
+    watcher = Watcher(supervisor).start()
+    try:
+        await world.trainjob("unread")
+        await world.pod("unread", "unread-0")
+        await world.pod_status("unread-0", phase="Running", containerStatuses=[running()])
+        await watcher.wait_event("unread", EventType.RUNNING)
+        queue.lagging = True
+        await world.pod_status(
+            "unread-0", phase="Failed", containerStatuses=[terminated(137, "OOMKilled")]
+        )
+        await world.trainjob_status("unread", conditions=[cond("Failed", reason="FailedJobs")])
+        finished = await watcher.wait_event("unread", EventType.FINISHED)
+        await queue.catch_up()
+        await watcher.settle(world, "barrier")
+    finally:
+        await watcher.stop()
+    assert (finished.state, finished.cause) == (State.FAILED, Cause.OUT_OF_MEMORY)
+    assert supervisor.reads == 2
+    assert watcher.of("unread").count(EventType.FINISHED) == 1

@@ -15,7 +15,7 @@ from dispatch_kubeflow.constants import (
     EventType,
     State,
 )
-from dispatch_kubeflow.derivation import derive
+from dispatch_kubeflow.derivation import derive, pods_have_ended
 from dispatch_kubeflow.events import DerivedStatus, DispatchEvent, Evidence, JobObservation, Taint
 
 LOSS = frozenset(BUILTIN_LOSS_TAINTS) | {"example.com/node-dead"}
@@ -784,3 +784,20 @@ def test_event_serialises_with_camel_case_and_without_unset_evidence_fields() ->
 def test_event_requires_an_aware_time() -> None:
     with pytest.raises(ValueError, match="timezone"):
         DispatchEvent(type=EventType.SUBMITTED, time=datetime(2026, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("pods", "ended"),
+    [
+        ([], False),  # none seen yet: the watch may not have shown them
+        ([pod(phase="Failed"), pod("b", phase="Succeeded")], True),
+        ([pod(phase="Failed"), pod("b", phase="Running")], False),
+        ([pod(phase="Pending")], False),
+        ([{**pod(), "metadata": {"name": "x", "deletionTimestamp": "deleted"}}], True),
+    ],
+    ids=["no-pods", "all-final", "one-running", "pending", "deleted"],
+)
+def test_pods_have_ended_only_when_each_is_final_or_deleted(
+    pods: list[dict[str, Any]], ended: bool
+) -> None:
+    assert pods_have_ended(observe(pods=tuple(pods))) is ended

@@ -23,6 +23,7 @@ from dispatch_kubeflow.index import (
     JobIndex,
     loss_taints_of,
     node_taints,
+    pods_as_read,
     trim,
 )
 from dispatch_kubeflow.kube.informer import Change
@@ -209,3 +210,33 @@ def test_the_forgotten_jobs_remembered_are_bounded() -> None:
     assert len(index.forgotten) == FORGOTTEN_KEPT
     assert not index.is_forgotten(("j0", 1))
     assert index.is_forgotten((f"j{FORGOTTEN_KEPT + 4}", 1))
+
+
+def phase(pod: dict[str, Any], value: str, *, deleted: bool = False) -> dict[str, Any]:
+    metadata = {**pod["metadata"], **({"deletionTimestamp": "deleted"} if deleted else {})}
+    return {**pod, "metadata": metadata, "status": {"phase": value}}
+
+
+def test_pods_as_read_take_the_read_and_keep_what_the_watch_saw_deleted() -> None:
+    running, gone, evicted = obj("p0", "1"), obj("p1", "2"), obj("p2", "3")
+    seen = [
+        phase(running, "Running"),
+        phase(gone, "Running"),
+        phase(evicted, "Failed", deleted=True),
+    ]
+    read = [phase(running, "Failed"), phase(obj("p3", "9"), "Pending")]
+
+    pods = pods_as_read(seen, read)
+
+    assert [(p["metadata"]["name"], p["status"]["phase"]) for p in pods] == [
+        ("p0", "Failed"),  # the read is newer than the watch
+        ("p1", "Running"),  # not in the read: deleted since
+        ("p2", "Failed"),  # deleted before: the watch's evidence stays
+        ("p3", "Pending"),  # created since the watch last said
+    ]
+    assert [p["metadata"].get("deletionTimestamp") for p in pods] == [
+        None,
+        "deleted",
+        "deleted",
+        None,
+    ]
