@@ -332,10 +332,12 @@ def pods_have_ended(obs: JobObservation) -> bool:
     not shown yet: a pod ends before its Job, JobSet and TrainJob do, but each kind is watched
     on its own stream.
     """
-    return bool(obs.pods) and all(
-        is_deleting(pod) or dig(pod, "status", "phase") in (POD_SUCCEEDED, POD_FAILED)
-        for pod in obs.pods
-    )
+    return bool(obs.pods) and all(has_ended(pod) for pod in obs.pods)
+
+
+def has_ended(pod: Mapping[str, Any]) -> bool:
+    """The pod is deleted or in a phase it never leaves: nothing more will be written of it."""
+    return is_deleting(pod) or dig(pod, "status", "phase") in (POD_SUCCEEDED, POD_FAILED)
 
 
 def _admission_start(workload: Mapping[str, Any] | None) -> datetime | None:

@@ -137,15 +137,21 @@ def marked_deleted(pod: Obj) -> Obj:
     return {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleted"}}
 
 
-def pods_as_read(seen: Iterable[Obj], read: Iterable[Obj]) -> tuple[Obj, ...]:
-    """A job's pods as a fresh read from the apiserver has them, with the watch's evidence.
+def pods_as_read(seen: Iterable[Obj], read: Mapping[str, Obj | None]) -> tuple[Obj, ...]:
+    """A job's pods as the watch saw them, updated by a fresh read from the apiserver.
 
-    ``read`` is newer than anything watched: a pod in it replaces the watched one of its name,
-    a watched pod missing from it has been deleted, and pods watched being deleted stay.
+    ``read`` maps a pod's name to the pod as read now, or to None when it no longer exists: a
+    read pod replaces the watched one (it is newer), a pod gone since is kept marked deleted
+    (it is evidence), and a pod the read found that the watch has not shown is added. Pods not
+    read are kept as watched.
     """
-    fresh = {name_of(pod): pod for pod in read}
-    pods = {name_of(pod): fresh.get(name_of(pod)) or marked_deleted(pod) for pod in seen}
-    return (*pods.values(), *(pod for name, pod in fresh.items() if name not in pods))
+    pods = {name_of(pod): pod for pod in seen}
+    for name, pod in read.items():
+        if pod is not None:
+            pods[name] = pod
+        elif name in pods:
+            pods[name] = marked_deleted(pods[name])
+    return tuple(pods.values())
 
 
 def job_key(obj: Mapping[str, Any]) -> JobKey | None:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -50,7 +51,7 @@ from dispatch_kubeflow.constants import (
     WORKLOADS,
     State,
 )
-from dispatch_kubeflow.derivation import derive, pods_have_ended
+from dispatch_kubeflow.derivation import derive, has_ended, pods_have_ended
 from dispatch_kubeflow.errors import DispatchError
 from dispatch_kubeflow.events import DispatchEvent, JobObservation
 from dispatch_kubeflow.heartbeat import LeaseHeartbeat
@@ -60,6 +61,7 @@ from dispatch_kubeflow.index import (
     job_key,
     loss_taints_of,
     pods_as_read,
+    trim,
     trimmer,
 )
 from dispatch_kubeflow.kube.apierrors import (
@@ -74,6 +76,7 @@ from dispatch_kubeflow.kube.informer import (
     ListFn,
     Synced,
     list_all,
+    read_one,
 )
 from dispatch_kubeflow.kube.objects import (
     annotations_of,
@@ -663,26 +666,44 @@ class Supervisor:
     async def _with_pods_read(self, obs: JobObservation) -> JobObservation:
         """``obs`` with the job's pods as the apiserver has them now.
 
-        A LIST without a resourceVersion is a quorum read: whatever the kubelet wrote of a pod
-        before Trainer wrote the TrainJob's end is in it, however far the pod watch lags.
+        A read without a resourceVersion is a quorum read: whatever the kubelet wrote of a pod
+        before Trainer wrote the TrainJob's end is in it, however far the pod watch lags. Each
+        pod seen not ended is read by name (a GET costs the same in any namespace); when none
+        is seen at all, the attempt's pods are listed by their labels.
         """
+        if obs.pods:
+            names = [name_of(pod) for pod in obs.pods if not has_ended(pod)]
+            found = await asyncio.gather(*(self._read_pod(obs, name) for name in names))
+            read = dict(zip(names, found, strict=True))
+        else:
+            read = {name_of(pod): pod for pod in await self._list_pods(obs)}
+        return obs.model_copy(update={"pods": pods_as_read(obs.pods, read)})
+
+    async def _read_pod(self, obs: JobObservation, name: str) -> dict[str, Any] | None:
+        """The pod ``name`` of the job's attempt as the apiserver has it; None when gone."""
+        core = client.CoreV1Api(self._api)
+        self._pod_reads += 1
+        pod = await read_one(
+            partial(core.read_namespaced_pod, name, self._settings.namespace),
+            what=f"read pod {name} of job {obs.job} attempt {obs.attempt}",
+            resource="pods",
+            request_timeout=self._settings.timeouts.request,
+        )
+        if pod is None or job_key(pod) != (obs.job, obs.attempt):
+            return None  # gone, or a pod of something else under its name
+        return trim(KIND_POD, pod)
+
+    async def _list_pods(self, obs: JobObservation) -> list[dict[str, Any]]:
         selector = f"{self._selector()},{LABEL_JOB}={obs.job},{LABEL_ATTEMPT}={obs.attempt}"
         core = client.CoreV1Api(self._api)
-
-        async def list_pods(**kwargs: Any) -> Any:
-            self._pod_reads += 1
-            return await core.list_namespaced_pod(
-                self._settings.namespace, label_selector=selector, **kwargs
-            )
-
+        self._pod_reads += 1
         listing = await list_all(
-            list_pods,
+            partial(core.list_namespaced_pod, self._settings.namespace, label_selector=selector),
             what=f"list the pods of job {obs.job} attempt {obs.attempt}",
             request_timeout=self._settings.timeouts.request,
             trim=trimmer(KIND_POD),
         )
-        pods = pods_as_read(obs.pods, listing.items)
-        return obs.model_copy(update={"pods": pods})
+        return listing.items
 
     async def _commit(self, transition: Transition) -> bool:
         """Store the transition; on failure, derive the job again later. True when stored.

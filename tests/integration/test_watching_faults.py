@@ -582,6 +582,7 @@ class LaggingPodWatch(asyncio.Queue[Any]):
         self.held.clear()
 
 
+@pytest.mark.parametrize("pod_seen", [True, False], ids=["pod-seen-running", "pod-never-seen"])
 @pytest.mark.parametrize(
     ("trainjob_condition", "container", "expected"),
     [
@@ -605,11 +606,12 @@ async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_e
     trainjob_condition: dict[str, Any],
     container: dict[str, Any],
     expected: tuple[State, Cause | None, dict[str, Any] | None],
+    pod_seen: bool,
 ) -> None:
     """The TrainJob's Failed or Complete arrives while the pod watch still shows the pod
-    running (the two watches are separate streams; one can lag or relist). The pod ended
-    before the TrainJob did, so the Finished carries what its end says: the cause and evidence
-    of an out-of-memory kill, the result it published."""
+    running, or has not shown it at all (the watches are separate streams; one can lag or
+    relist). The pod ended before the TrainJob did, so the Finished carries what its end says:
+    the cause and evidence of an out-of-memory kill, the result it published."""
     from dispatch_kubeflow.supervisor import Supervisor
     from tests.integration.test_watching import ADAPTER, make_settings
 
@@ -619,9 +621,12 @@ async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_e
     watcher = Watcher(supervisor).start()
     try:
         await world.trainjob("lag")
+        await watcher.wait_event("lag", EventType.SUBMITTED)
+        queue.lagging = not pod_seen
         await world.pod("lag", "lag-0")
         await world.pod_status("lag-0", phase="Running", containerStatuses=[running()])
-        await watcher.wait_event("lag", EventType.RUNNING)
+        if pod_seen:
+            await watcher.wait_event("lag", EventType.RUNNING)
         queue.lagging = True
         phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
         await world.pod_status("lag-0", phase=phase, containerStatuses=[container])

@@ -217,26 +217,29 @@ def phase(pod: dict[str, Any], value: str, *, deleted: bool = False) -> dict[str
     return {**pod, "metadata": metadata, "status": {"phase": value}}
 
 
-def test_pods_as_read_take_the_read_and_keep_what_the_watch_saw_deleted() -> None:
-    running, gone, evicted = obj("p0", "1"), obj("p1", "2"), obj("p2", "3")
+def test_pods_as_read_take_the_read_and_keep_what_the_watch_saw_otherwise() -> None:
+    running, gone, evicted, done = (obj(f"p{i}", str(i)) for i in range(4))
     seen = [
         phase(running, "Running"),
         phase(gone, "Running"),
         phase(evicted, "Failed", deleted=True),
+        phase(done, "Succeeded"),
     ]
-    read = [phase(running, "Failed"), phase(obj("p3", "9"), "Pending")]
+    read = {"p0": phase(running, "Failed"), "p1": None, "p4": phase(obj("p4", "9"), "Pending")}
 
     pods = pods_as_read(seen, read)
 
     assert [(p["metadata"]["name"], p["status"]["phase"]) for p in pods] == [
         ("p0", "Failed"),  # the read is newer than the watch
-        ("p1", "Running"),  # not in the read: deleted since
+        ("p1", "Running"),  # gone since: kept as evidence, marked deleted
         ("p2", "Failed"),  # deleted before: the watch's evidence stays
-        ("p3", "Pending"),  # created since the watch last said
+        ("p3", "Succeeded"),  # not read: as watched
+        ("p4", "Pending"),  # found by the read, not yet shown by the watch
     ]
     assert [p["metadata"].get("deletionTimestamp") for p in pods] == [
         None,
         "deleted",
         "deleted",
+        None,
         None,
     ]

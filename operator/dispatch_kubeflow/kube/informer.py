@@ -32,6 +32,7 @@ from dispatch_kubeflow.kube.apierrors import (
     REQUEST_ERRORS,
     TRANSPORT_ERRORS,
     describe,
+    is_not_found,
     to_dispatch_error,
 )
 from dispatch_kubeflow.kube.objects import key_of, resource_version_of
@@ -119,7 +120,7 @@ async def _request_json(list_fn: ListFn, request_timeout: float, **kwargs: Any) 
         raise error
     body = json.loads(data)
     if not isinstance(body, dict):
-        raise ValueError("the list answer is not a JSON object")
+        raise ValueError("the answer is not a JSON object")
     return body
 
 
@@ -173,6 +174,26 @@ async def list_all(
     except ValueError as error:
         raise UnavailableError(f"{what}: unreadable answer: {error}") from None
     return listing
+
+
+async def read_one(
+    read_fn: ListFn, *, what: str, resource: str, request_timeout: timedelta
+) -> dict[str, Any] | None:
+    """The object ``read_fn`` GETs, as raw JSON; None when it does not exist (HTTP 404).
+
+    Without a resourceVersion the GET is a quorum read: it sees every write before it.
+    Failures are raised as the error family, ``what`` naming the read.
+    """
+    try:
+        return await _request_json(read_fn, request_timeout.total_seconds())
+    except _Gone:
+        raise UnavailableError(f"{what}: HTTP 410") from None
+    except REQUEST_ERRORS as error:
+        if is_not_found(error):
+            return None
+        raise to_dispatch_error(what, error, verb="get", resource=resource) from None
+    except ValueError as error:
+        raise UnavailableError(f"{what}: unreadable answer: {error}") from None
 
 
 class Informer:
