@@ -17,6 +17,7 @@ from dispatch_kubeflow import constants
 from dispatch_kubeflow.adapter import Adapter
 from dispatch_kubeflow.constants import Cause, EventType, State
 from dispatch_kubeflow.errors import DispatchError, UnavailableError
+from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.reporting import MemoryStore
 from dispatch_kubeflow.trainjob import JobSpec
 from tests.integration.policies import DenyingPolicy
@@ -582,6 +583,42 @@ class LaggingPodWatch(asyncio.Queue[Any]):
         self.held.clear()
 
 
+def lagging(supervisor: Any) -> tuple[LaggingPodWatch, Watcher]:
+    """``supervisor`` watched through a ``LaggingPodWatch``, and a ``Watcher`` of its events."""
+    queue = LaggingPodWatch()
+    supervisor._queue = queue
+    return queue, Watcher(supervisor).start()
+
+
+async def finish_behind_the_pod_watch(
+    world: World,
+    watcher: Watcher,
+    queue: LaggingPodWatch,
+    job: str,
+    *,
+    container: dict[str, Any],
+    trainjob_condition: dict[str, Any],
+    pod_seen: bool = True,
+) -> DispatchEvent:
+    """A job's pod ends as ``container`` says, then its TrainJob as ``trainjob_condition``
+    says, while the pod watch holds back the pod's end (and, unless ``pod_seen``, the pod);
+    the job's Finished, once the pod watch has caught up."""
+    await world.trainjob(job)
+    await watcher.wait_event(job, EventType.SUBMITTED)
+    queue.lagging = not pod_seen
+    await world.pod(job, f"{job}-0")
+    await world.pod_status(f"{job}-0", phase="Running", containerStatuses=[running()])
+    if pod_seen:
+        await watcher.wait_event(job, EventType.RUNNING)
+    queue.lagging = True
+    phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
+    await world.pod_status(f"{job}-0", phase=phase, containerStatuses=[container])
+    await world.trainjob_status(job, conditions=[trainjob_condition])
+    finished = await watcher.wait_event(job, EventType.FINISHED)
+    await queue.catch_up()
+    return finished
+
+
 @pytest.mark.parametrize("pod_seen", [True, False], ids=["pod-seen-running", "pod-never-seen"])
 @pytest.mark.parametrize(
     ("trainjob_condition", "container", "expected"),
@@ -615,24 +652,17 @@ async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_e
     from dispatch_kubeflow.supervisor import Supervisor
     from tests.integration.test_watching import ADAPTER, make_settings
 
-    queue = LaggingPodWatch()
-    supervisor = Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER)
-    supervisor._queue = queue
-    watcher = Watcher(supervisor).start()
+    queue, watcher = lagging(Supervisor(kube_api, make_settings(namespace, kueue=False), ADAPTER))
     try:
-        await world.trainjob("lag")
-        await watcher.wait_event("lag", EventType.SUBMITTED)
-        queue.lagging = not pod_seen
-        await world.pod("lag", "lag-0")
-        await world.pod_status("lag-0", phase="Running", containerStatuses=[running()])
-        if pod_seen:
-            await watcher.wait_event("lag", EventType.RUNNING)
-        queue.lagging = True
-        phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
-        await world.pod_status("lag-0", phase=phase, containerStatuses=[container])
-        await world.trainjob_status("lag", conditions=[trainjob_condition])
-        finished = await watcher.wait_event("lag", EventType.FINISHED)
-        await queue.catch_up()
+        finished = await finish_behind_the_pod_watch(
+            world,
+            watcher,
+            queue,
+            "lag",
+            container=container,
+            trainjob_condition=trainjob_condition,
+            pod_seen=pod_seen,
+        )
     finally:
         await watcher.stop()
     assert (finished.state, finished.cause, finished.result) == expected
@@ -658,22 +688,17 @@ async def test_a_finish_whose_pod_read_fails_is_reported_once_a_read_succeeds(
                 raise UnavailableError("the apiserver is not answering (this test)")
             return await super()._with_pods_read(obs)
 
-    queue = LaggingPodWatch()
     supervisor = FailingPodReads(kube_api, make_settings(namespace, kueue=False), ADAPTER)
-    supervisor._queue = queue
-    watcher = Watcher(supervisor).start()
+    queue, watcher = lagging(supervisor)
     try:
-        await world.trainjob("unread")
-        await world.pod("unread", "unread-0")
-        await world.pod_status("unread-0", phase="Running", containerStatuses=[running()])
-        await watcher.wait_event("unread", EventType.RUNNING)
-        queue.lagging = True
-        await world.pod_status(
-            "unread-0", phase="Failed", containerStatuses=[terminated(137, "OOMKilled")]
+        finished = await finish_behind_the_pod_watch(
+            world,
+            watcher,
+            queue,
+            "unread",
+            container=terminated(137, "OOMKilled"),
+            trainjob_condition=cond("Failed", reason="FailedJobs"),
         )
-        await world.trainjob_status("unread", conditions=[cond("Failed", reason="FailedJobs")])
-        finished = await watcher.wait_event("unread", EventType.FINISHED)
-        await queue.catch_up()
         await watcher.settle(world, "barrier")
     finally:
         await watcher.stop()
