@@ -255,6 +255,9 @@ class Supervisor:
         self.informers: list[Informer] = []
         self._heartbeat: LeaseHeartbeat | None = None
         self._pod_reads = 0
+        # The latest stream's jobs at work and the changes held for them (``held``).
+        self._working: Mapping[str, object] = {}
+        self._held_changes: Mapping[str, Sequence[Change]] = {}
 
     @property
     def store(self) -> ReportStore:
@@ -290,6 +293,8 @@ class Supervisor:
             "taken": len(self._taken),
             "uids": sum(len(attempts) for attempts in self._uids.values()),
             "stops": len(self._stopped) + len(self._stopping),
+            "working": len(self._working),
+            "held_changes": sum(len(changes) for changes in self._held_changes.values()),
         }
 
     def note_stopping(self, job: str) -> None:
@@ -467,6 +472,7 @@ class Supervisor:
         working: dict[str, asyncio.Task[list[Transition]]] = {}
         committing: set[str] = set()  # jobs whose task commits transitions already delivered
         held: dict[str, list[Change]] = {}  # changes of a job whose task runs, in order
+        self._working, self._held_changes = working, held
         gate = asyncio.Semaphore(SAVE_CONCURRENCY)
         # A transition whose events the consumer has all been handed, not yet committed.
         delivered: Transition | None = None

@@ -332,7 +332,19 @@ class Watcher:
                 await self._arrived.wait_for(check)
         except TimeoutError:
             seen = [(e.type.value, e.job, e.cause) for e in self.events]
-            raise AssertionError(f"no {what} within {EVENT_TIMEOUT}s; saw {seen}") from None
+            raise AssertionError(
+                f"no {what} within {EVENT_TIMEOUT}s; saw {seen}; {self.describe()}"
+            ) from None
+
+    def describe(self) -> str:
+        """Where the supervisor stands: what a timed-out wait shows to explain itself."""
+        sup = self.supervisor
+        # Requests per informer: one LIST and one WATCH, more after each resume or relist.
+        informers = {i.kind: (i.synced.is_set(), i.requests) for i in sup.informers}
+        return (
+            f"backlog {sup.backlog()}, held {sup.held()}, informers (synced, requests) "
+            f"{informers}, watch problems {sup.watch_problems()}"
+        )
 
     async def wait_for(
         self, predicate: Callable[[DispatchEvent], bool], what: str

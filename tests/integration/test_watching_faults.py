@@ -259,6 +259,10 @@ async def test_a_hanging_commit_holds_only_its_own_jobs_events(
         await world.trainjob("quick", suspend=True)
         second = await asyncio.wait_for(following, 10)
         assert (second.job, second.type) == ("quick", EventType.SUBMITTED)
+        held = supervisor.held()
+        assert held["working"] == 1, held  # "slow" only
+        # The Complete came after the write began only when that write is the taken Submitted's.
+        assert held["held_changes"] == (0 if committed_first else 1), held
         commits.released.set()
         third = await asyncio.wait_for(anext(stream), 30)
         assert (third.job, third.type, third.state) == ("slow", EventType.FINISHED, State.SUCCEEDED)
