@@ -53,7 +53,7 @@ from dispatch_kubeflow.constants import (
 )
 from dispatch_kubeflow.derivation import derive, has_ended, pods_have_ended
 from dispatch_kubeflow.errors import DispatchError
-from dispatch_kubeflow.events import DispatchEvent, JobObservation
+from dispatch_kubeflow.events import DerivedStatus, DispatchEvent, JobObservation
 from dispatch_kubeflow.heartbeat import LeaseHeartbeat
 from dispatch_kubeflow.index import (
     JobIndex,
@@ -117,6 +117,9 @@ RETRY_MAX = 30.0
 COMMIT_ERRORS: tuple[type[BaseException], ...] = (*REQUEST_ERRORS, DispatchError)
 # Record saves in flight at once when many jobs changed together.
 SAVE_CONCURRENCY = 32
+# Pod reads in flight at once (finished jobs whose pods the watch has not shown ended); they
+# wait apart from the saves, so a burst of finishes does not hold up other jobs' commits.
+READ_CONCURRENCY = 32
 # Kinds whose changes wait while their job's task runs: the task ends on the job's objects as it
 # saw them (a TrainJob created again under the same name is a new job only after that).
 HELD_KINDS = frozenset({KIND_TRAINJOB, KIND_JOBSET, KIND_POD})
@@ -255,6 +258,7 @@ class Supervisor:
         self.informers: list[Informer] = []
         self._heartbeat: LeaseHeartbeat | None = None
         self._pod_reads = 0
+        self._read_gate = asyncio.Semaphore(READ_CONCURRENCY)
         # The latest stream's jobs at work and the changes held for them (``held``).
         self._working: Mapping[str, object] = {}
         self._held_changes: Mapping[str, Sequence[Change]] = {}
@@ -474,6 +478,7 @@ class Supervisor:
         held: dict[str, list[Change]] = {}  # changes of a job whose task runs, in order
         self._working, self._held_changes = working, held
         gate = asyncio.Semaphore(SAVE_CONCURRENCY)
+        self._read_gate = asyncio.Semaphore(READ_CONCURRENCY)
         # A transition whose events the consumer has all been handed, not yet committed.
         delivered: Transition | None = None
         # The transitions of the job being handed on that the consumer has taken.
@@ -624,8 +629,7 @@ class Supervisor:
         transitions: list[Transition] = []
         for key in keys:
             try:
-                async with gate:
-                    transition = await self._report(key)
+                transition = await self._report(key, gate)
             except Exception:
                 log.exception("deriving %s failed", key)
                 self._retry_later(key)
@@ -634,12 +638,16 @@ class Supervisor:
                 transitions.append(transition)
         return transitions
 
-    async def _report(self, key: JobKey) -> Transition | None:
+    async def _report(self, key: JobKey, gate: asyncio.Semaphore) -> Transition | None:
+        """Derive ``key`` and report what is new. Its writes take a slot of ``gate``; a read of
+        its pods waits apart (``READ_CONCURRENCY``), so reads never hold other jobs' writes."""
         if self._index.is_forgotten(key):
             return None
         taken = self._taken.get(key)
         if taken is not None:
-            if not await self._commit(taken):
+            async with gate:
+                committed = await self._commit(taken)
+            if not committed:
                 return None  # tried again later; its events are not delivered again
             del self._taken[key]
         if key in self._finished:
@@ -655,6 +663,11 @@ class Supervisor:
                 self._retry_later(key)
                 return None
             status = derive(obs, loss_taints=self._loss_taints)
+        async with gate:
+            return await self._transition_committed(key, status)
+
+    async def _transition_committed(self, key: JobKey, status: DerivedStatus) -> Transition | None:
+        """The transition to ``status``, committed first when the store records before delivery."""
         train_job = self._index.train_jobs.get(key)
         transition = await self._reporter.next_transition(
             job=key[0],
@@ -689,12 +702,13 @@ class Supervisor:
         """The pod ``name`` of the job's attempt as the apiserver has it; None when gone."""
         core = client.CoreV1Api(self._api)
         self._pod_reads += 1
-        pod = await read_one(
-            partial(core.read_namespaced_pod, name, self._settings.namespace),
-            what=f"read pod {name} of job {obs.job} attempt {obs.attempt}",
-            resource="pods",
-            request_timeout=self._settings.timeouts.request,
-        )
+        async with self._read_gate:
+            pod = await read_one(
+                partial(core.read_namespaced_pod, name, self._settings.namespace),
+                what=f"read pod {name} of job {obs.job} attempt {obs.attempt}",
+                resource="pods",
+                request_timeout=self._settings.timeouts.request,
+            )
         if pod is None or job_key(pod) != (obs.job, obs.attempt):
             return None  # gone, or a pod of something else under its name
         return trim(KIND_POD, pod)
@@ -702,13 +716,15 @@ class Supervisor:
     async def _list_pods(self, obs: JobObservation) -> list[dict[str, Any]]:
         selector = f"{self._selector()},{LABEL_JOB}={obs.job},{LABEL_ATTEMPT}={obs.attempt}"
         core = client.CoreV1Api(self._api)
+        namespace = self._settings.namespace
         self._pod_reads += 1
-        listing = await list_all(
-            partial(core.list_namespaced_pod, self._settings.namespace, label_selector=selector),
-            what=f"list the pods of job {obs.job} attempt {obs.attempt}",
-            request_timeout=self._settings.timeouts.request,
-            trim=trimmer(KIND_POD),
-        )
+        async with self._read_gate:
+            listing = await list_all(
+                partial(core.list_namespaced_pod, namespace, label_selector=selector),
+                what=f"list the pods of job {obs.job} attempt {obs.attempt}",
+                request_timeout=self._settings.timeouts.request,
+                trim=trimmer(KIND_POD),
+            )
         return listing.items
 
     async def _commit(self, transition: Transition) -> bool:

@@ -709,3 +709,50 @@ async def test_a_finish_whose_pod_read_fails_is_reported_once_a_read_succeeds(
     assert (finished.state, finished.cause) == (State.FAILED, Cause.OUT_OF_MEMORY)
     assert supervisor.reads == 2
     assert watcher.of("unread").count(EventType.FINISHED) == 1
+
+
+async def test_a_hanging_pod_read_holds_up_no_other_jobs_commit(
+    kube_api: Any, namespace: str, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished job's pod read waits apart from the commits: with a single commit slot and
+    that job's read hanging, another job's Submitted is still derived and delivered; once the
+    read answers, the first job's Finished follows, judged on the pod as read."""
+    from dispatch_kubeflow import supervisor as supervisor_module
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    monkeypatch.setattr(supervisor_module, "SAVE_CONCURRENCY", 1)
+
+    class HangingPodReads(Supervisor):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.hanging, self.released = asyncio.Event(), asyncio.Event()
+
+        async def _read_pod(self, obs: Any, name: str) -> Any:
+            self.hanging.set()
+            await self.released.wait()
+            return await super()._read_pod(obs, name)
+
+    supervisor = HangingPodReads(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    queue, watcher = lagging(supervisor)
+    try:
+        await world.trainjob("slow")
+        await watcher.wait_event("slow", EventType.SUBMITTED)
+        await world.pod("slow", "slow-0")
+        await world.pod_status("slow-0", phase="Running", containerStatuses=[running()])
+        await watcher.wait_event("slow", EventType.RUNNING)
+        queue.lagging = True
+        oom = terminated(137, "OOMKilled")
+        await world.pod_status("slow-0", phase="Failed", containerStatuses=[oom])
+        await world.trainjob_status("slow", conditions=[cond("Failed", reason="FailedJobs")])
+        await asyncio.wait_for(supervisor.hanging.wait(), 10)
+        await world.trainjob("quick")
+        await watcher.wait_event("quick", EventType.SUBMITTED)
+        assert EventType.FINISHED not in watcher.of("slow")
+        supervisor.released.set()
+        finished = await watcher.wait_event("slow", EventType.FINISHED)
+        await queue.catch_up()
+    finally:
+        supervisor.released.set()
+        await watcher.stop()
+    assert (finished.state, finished.cause) == (State.FAILED, Cause.OUT_OF_MEMORY)
