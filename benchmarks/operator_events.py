@@ -4,6 +4,7 @@
     python3 benchmarks/operator_events.py --jobs 100            # a quick run
     python3 benchmarks/operator_events.py --rate 50             # paced: 50 transitions a second
     python3 benchmarks/operator_events.py --profile /tmp/prof   # py-spy on the operator meanwhile
+                                          # (creation.txt, transitions.txt: the first round's)
 
 It starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no controllers)
 in a temporary folder, with an audit log of the operator's own identity. Four processes then
@@ -548,7 +549,10 @@ class Run:
         try:
             for round_ in range(self.args.rounds):
                 names = [f"r{round_}-job{i:05d}" for i in range(self.args.jobs)]
+                profiler = self.profiler(operator, "creation") if round_ == 0 else None
                 await self.create(cluster, names, events)
+                if profiler is not None:
+                    profiler.stop()
                 await player.settled([f"{name}-1" for name in names])
                 await self.transitions(cluster, names, events, operator)
                 await self.count_duplicates(api)
@@ -604,10 +608,7 @@ class Run:
                 version = await cluster.transition(job, type_, admitted_at)
             self.written[(job, type_)] = (began, written_object(job, type_, version))
 
-        profiler = None
-        if self.args.profile and not self.marks["transition"]:
-            self.args.profile.mkdir(parents=True, exist_ok=True)
-            profiler = Profiler(operator.process.pid, self.args.profile / "transitions.txt")
+        profiler = self.profiler(operator, "transitions") if not self.marks["transition"] else None
         cpu, began = operator.cpu_seconds(), time.time()
         for type_ in TRANSITIONS:
             start = time.perf_counter()
@@ -623,6 +624,13 @@ class Run:
         self.transition_cpu += operator.cpu_seconds() - cpu
         if profiler is not None:
             profiler.stop()
+
+    def profiler(self, operator: Operator, phase: str) -> Profiler | None:
+        """With ``--profile``, py-spy on the operator until stopped, into ``PHASE.txt``."""
+        if not self.args.profile:
+            return None
+        self.args.profile.mkdir(parents=True, exist_ok=True)
+        return Profiler(operator.process.pid, self.args.profile / f"{phase}.txt")
 
     async def count_duplicates(self, api: client.ApiClient) -> None:
         """Event types shown twice in one DispatchJob's history (each must show once)."""

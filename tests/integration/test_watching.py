@@ -343,8 +343,33 @@ class Watcher:
         informers = {i.kind: (i.synced.is_set(), i.requests) for i in sup.informers}
         return (
             f"backlog {sup.backlog()}, held {sup.held()}, informers (synced, requests) "
-            f"{informers}, watch problems {sup.watch_problems()}"
+            f"{informers}, watch problems {sup.watch_problems()}, jobs {self.indexed_jobs()}"
         )
+
+    def indexed_jobs(self) -> dict[str, Any]:
+        """Each job as the supervisor's index has it: its pods and what it derives to now."""
+        from dispatch_kubeflow.derivation import derive
+
+        index = self.supervisor._index
+        jobs: dict[str, Any] = {}
+        for key in sorted(index.job_keys()):
+            obs = index.observation(key, stopped=False)
+            status = derive(obs, loss_taints=frozenset())
+            pods = [
+                (
+                    pod["metadata"]["name"],
+                    pod["metadata"].get("resourceVersion"),
+                    (pod.get("status") or {}).get("phase"),
+                    "deleting" if pod["metadata"].get("deletionTimestamp") else "live",
+                    [c.get("type") for c in (pod.get("status") or {}).get("conditions") or []],
+                )
+                for pod in obs.pods
+            ]
+            jobs[f"{key[0]}/{key[1]}"] = {
+                "derived": (status.state.value, status.cause and status.cause.value),
+                "pods": pods,
+            }
+        return jobs
 
     async def wait_for(
         self, predicate: Callable[[DispatchEvent], bool], what: str
