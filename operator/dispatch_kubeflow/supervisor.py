@@ -42,7 +42,6 @@ from dispatch_kubeflow.constants import (
     LABEL_ADAPTER,
     LABEL_ATTEMPT,
     LABEL_JOB,
-    LABEL_KUEUE_JOB_UID,
     LABEL_PROBE,
     LEASES,
     TRAINER_GROUP,
@@ -81,11 +80,11 @@ from dispatch_kubeflow.kube.informer import (
 from dispatch_kubeflow.kube.objects import (
     annotations_of,
     is_deleting,
-    labels_of,
     name_of,
     uid_of,
 )
 from dispatch_kubeflow.kube.trainjobs import annotate_trainjob
+from dispatch_kubeflow.kube.workloads import job_uid_label
 from dispatch_kubeflow.reporting import (
     ListingReportStore,
     ReportedRecord,
@@ -364,9 +363,9 @@ class Supervisor:
         serving = informer is not None and informer.synced.is_set()
         if not self._watching or informer is None or not serving or informer.last_failure:
             raise LookupError("the Workload watch is not serving")
-        for workload in informer.cache.values():
-            if labels_of(workload).get(LABEL_KUEUE_JOB_UID) == trainjob_uid:
-                return workload
+        found = informer.indexed(trainjob_uid)
+        if found:
+            return found[0]
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._workload_waiters.setdefault(trainjob_uid, []).append(waiter)
         try:
@@ -389,7 +388,7 @@ class Supervisor:
 
     async def _workload_seen(self, change: Change | Synced) -> None:
         if isinstance(change, Change) and change.type != "DELETED":
-            uid = labels_of(change.obj).get(LABEL_KUEUE_JOB_UID)
+            uid = job_uid_label(change.obj)
             for waiter in self._workload_waiters.get(uid or "", []):
                 if not waiter.done():
                     waiter.set_result(change.obj)
@@ -403,6 +402,7 @@ class Supervisor:
             trim=trimmer(kind),
             watch_timeout=self._watch_timeout,
             request_timeout=self._settings.timeouts.request,
+            index=job_uid_label if kind == KIND_WORKLOAD else None,
         )
 
     def _informers(self) -> list[Informer]:

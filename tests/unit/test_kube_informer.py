@@ -135,3 +135,50 @@ async def test_list_pages_are_followed_with_the_continue_token() -> None:
     await run_until_exhausted(informer, script)
     assert script.calls[1]["_continue"] == "tok"
     assert set(informer.cache) == {"a", "b"}
+
+
+def owned(name: str, rv: str, owner: str | None) -> dict[str, Any]:
+    labels = {"owner": owner} if owner else {}
+    return {"metadata": {"name": name, "resourceVersion": rv, "labels": labels}, "spec": {}}
+
+
+async def test_the_index_matches_the_cache_after_every_change_and_relist() -> None:
+    """Each emitted change finds the index as a scan of the cache would: through a label
+    changed, an object deleted, a label removed and a relist that drops and adds objects."""
+
+    def owner(item: Any) -> str | None:
+        return item["metadata"].get("labels", {}).get("owner")
+
+    checked: list[dict[str, set[str]]] = []
+
+    async def emit(item: QueueItem) -> None:
+        scanned: dict[str, set[str]] = {}
+        for cached in informer.cache.values():
+            if (value := owner(cached)) is not None:
+                scanned.setdefault(value, set()).add(cached["metadata"]["name"])
+        for value in {"x", "y", "z", *scanned}:
+            names = {found["metadata"]["name"] for found in informer.indexed(value)}
+            assert names == scanned.get(value, set()), (value, item)
+        checked.append(scanned)
+
+    script = Script(
+        Response(
+            200, listing("10", owned("a", "1", "x"), owned("b", "2", "x"), owned("c", "3", "y"))
+        ),
+        Response(
+            200,
+            lines=[
+                {"type": "MODIFIED", "object": owned("a", "11", "y")},
+                {"type": "DELETED", "object": owned("b", "12", "x")},
+                {"type": "MODIFIED", "object": owned("c", "13", None)},
+            ],
+        ),
+        Response(200, lines=[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]),
+        Response(200, listing("20", owned("a", "11", "y"), owned("d", "15", "x"))),
+    )
+    informer = Informer(KIND_TRAINJOB, script, emit, index=owner)
+    await run_until_exhausted(informer, script)
+
+    assert checked[-1] == {"y": {"a"}, "x": {"d"}}
+    assert [found["metadata"]["name"] for found in informer.indexed("x")] == ["d"]
+    assert informer.indexed("z") == []

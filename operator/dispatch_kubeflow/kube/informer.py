@@ -53,6 +53,8 @@ ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 # A kubernetes_asyncio list call with its positional arguments and selectors bound.
 ListFn = Callable[..., Awaitable[Any]]
 Trim = Callable[[Mapping[str, Any]], dict[str, Any]]
+# What an informer indexes an object by (None: not indexed).
+IndexFn = Callable[[Mapping[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,9 @@ class Informer:
 
     The cache is keyed by ``namespace/name`` (``name`` for cluster-scoped objects) of the object
     as the API sent it, and holds ``trim(object)``. ``emit`` receives every ``Change`` and a
-    ``Synced`` after each LIST; ``synced`` is set once the first LIST is reconciled.
+    ``Synced`` after each LIST; ``synced`` is set once the first LIST is reconciled. With
+    ``index``, the cache is also indexed by what it returns for each object (client-go's
+    indexer): ``indexed(value)`` finds those objects without a scan of the cache.
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class Informer:
         request_timeout: timedelta = DEFAULT_REQUEST_TIMEOUT,
         page_size: int = LIST_PAGE,
         backoff_ceiling: float = BACKOFF_MAX,
+        index: IndexFn | None = None,
     ) -> None:
         self.kind = kind
         self._list_fn = list_fn
@@ -225,6 +230,8 @@ class Informer:
         self._page_size = page_size
         self._backoff_ceiling = backoff_ceiling
         self.cache: dict[str, dict[str, Any]] = {}
+        self._index = index
+        self._keys_by_index: dict[str, set[str]] = {}
         self.synced = asyncio.Event()
         self.requests = 0
         self.relists = 0
@@ -233,6 +240,38 @@ class Informer:
 
     def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self.cache.get(f"{namespace}/{name}" if namespace else name)
+
+    def indexed(self, value: str) -> list[dict[str, Any]]:
+        """The cached objects whose ``index`` is ``value``."""
+        return [self.cache[key] for key in self._keys_by_index.get(value, ())]
+
+    def _put(self, key: str, item: dict[str, Any]) -> dict[str, Any] | None:
+        """Cache ``item`` under ``key``; the object it replaces, if any."""
+        previous = self.cache.get(key)
+        self.cache[key] = item
+        if self._index is not None:
+            self._unindex(key, previous)
+            value = self._index(item)
+            if value is not None:
+                self._keys_by_index.setdefault(value, set()).add(key)
+        return previous
+
+    def _pop(self, key: str) -> dict[str, Any] | None:
+        """Drop ``key`` from the cache; the object it held, if any."""
+        item = self.cache.pop(key, None)
+        if self._index is not None:
+            self._unindex(key, item)
+        return item
+
+    def _unindex(self, key: str, item: dict[str, Any] | None) -> None:
+        if self._index is None or item is None:
+            return
+        value = self._index(item)
+        keys = self._keys_by_index.get(value) if value is not None else None
+        if value is not None and keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys_by_index[value]
 
     async def run(self) -> None:
         backoff = Backoff(self._backoff_ceiling)
@@ -261,10 +300,11 @@ class Informer:
         self.last_failure = None
         fresh = {item.pop(_KEY): item for item in listing.items}
         for key in [k for k in self.cache if k not in fresh]:
-            await self._emit(Change(self.kind, "DELETED", self.cache.pop(key)))
+            gone = self._pop(key)
+            assert gone is not None
+            await self._emit(Change(self.kind, "DELETED", gone))
         for key, item in fresh.items():
-            previous = self.cache.get(key)
-            self.cache[key] = item
+            previous = self._put(key, item)
             if previous is None:
                 await self._emit(Change(self.kind, "ADDED", item))
             elif resource_version_of(previous) != resource_version_of(item):
@@ -330,9 +370,9 @@ class Informer:
         key = key_of(obj)
         item = self._trim(obj)
         if type_ == "DELETED":
-            self.cache.pop(key, None)
+            self._pop(key)
         else:
-            self.cache[key] = item
+            self._put(key, item)
         await self._emit(Change(self.kind, type_, item))
         return new_rv
 

@@ -101,6 +101,12 @@ def owner_trainjob(workload: Workload) -> Mapping[str, Any] | None:
     return owner_reference(workload, kind=KIND_TRAINJOB, group=TRAINER_GROUP)
 
 
+def job_uid_label(workload: Workload) -> str | None:
+    """Kueue's ``job-uid`` label: the UID of the job the Workload was made for."""
+    label = labels_of(workload).get(LABEL_KUEUE_JOB_UID)
+    return str(label) if label else None
+
+
 def owner_trainjob_uids(workload: Workload) -> set[str]:
     """UIDs of the TrainJobs this Workload stands for: owner references and Kueue's job-uid."""
     uids = {
@@ -108,7 +114,7 @@ def owner_trainjob_uids(workload: Workload) -> set[str]:
         for ref in mappings(dig(workload, "metadata", "ownerReferences"))
         if ref.get("kind") == KIND_TRAINJOB and ref.get("uid")
     }
-    label = labels_of(workload).get(LABEL_KUEUE_JOB_UID)
+    label = job_uid_label(workload)
     if label:
-        uids.add(str(label))
+        uids.add(label)
     return uids
