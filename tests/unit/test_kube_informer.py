@@ -147,7 +147,8 @@ async def test_the_index_matches_the_cache_after_every_change_and_relist() -> No
     changed, an object deleted, a label removed and a relist that drops and adds objects."""
 
     def owner(item: Any) -> str | None:
-        return item["metadata"].get("labels", {}).get("owner")
+        value = item["metadata"].get("labels", {}).get("owner")
+        return str(value) if value is not None else None
 
     checked: list[dict[str, set[str]]] = []
 
