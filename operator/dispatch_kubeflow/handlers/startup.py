@@ -19,7 +19,7 @@ import kopf
 
 from dispatch_kubeflow import metrics
 from dispatch_kubeflow.constants import FINALIZER, GROUP
-from dispatch_kubeflow.handlers.kube import connection_info, open_api_client
+from dispatch_kubeflow.handlers.kube import connection_info, kopf_session, open_api_client
 from dispatch_kubeflow.handlers.registry import (
     EVENTS_TO_ENV,
     JOB_EVENTS_ENV,
@@ -127,8 +127,8 @@ def serve_metrics(memo: kopf.Memo) -> None:
 
 
 @kopf.on.login()
-async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
-    return await connection_info(settings)
+async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.AiohttpSession:
+    return kopf_session(await connection_info(settings))
 
 
 @kopf.on.cleanup()
