@@ -361,7 +361,10 @@ class Watcher:
                     pod["metadata"].get("resourceVersion"),
                     (pod.get("status") or {}).get("phase"),
                     "deleting" if pod["metadata"].get("deletionTimestamp") else "live",
-                    [c.get("type") for c in (pod.get("status") or {}).get("conditions") or []],
+                    [
+                        (c.get("type"), c.get("status"), c.get("reason"))
+                        for c in (pod.get("status") or {}).get("conditions") or []
+                    ],
                 )
                 for pod in obs.pods
             ]
@@ -637,16 +640,16 @@ async def test_node_lost_from_a_site_taint(world: World, watcher: Watcher, names
 
 async def test_node_lost_from_a_taint_manager_deletion(world: World, watcher: Watcher) -> None:
     await running_job(world, watcher, "tm")
-    await world.pod_status(
-        "tm-p0",
-        conditions=[
-            cond(
-                "DisruptionTarget",
-                reason="DeletionByTaintManager",
-                message="Taint manager: deleting due to NoExecute taint",
-            )
-        ],
+    # Stamped now, as the taint manager stamps it: the suite's controller-manager, once some test
+    # has started it, runs the disruption controller, which resets to False a DisruptionTarget
+    # older than two minutes on a pod not yet deleting, racing the deletion below.
+    disruption = cond(
+        "DisruptionTarget",
+        reason="DeletionByTaintManager",
+        message="Taint manager: deleting due to NoExecute taint",
     )
+    disruption["lastTransitionTime"] = ts(datetime.now(UTC))
+    await world.pod_status("tm-p0", conditions=[disruption])
     await world.core.delete_namespaced_pod("tm-p0", world.ns, grace_period_seconds=0)
     lost = await watcher.wait_event("tm", EventType.NODE_LOST)
     assert lost.reason == "DeletionByTaintManager"
