@@ -31,6 +31,7 @@ from dispatch_kubeflow.constants import (
     KUBEFLOW_ADAPTER_KIND,
 )
 from dispatch_kubeflow.errors import ErrUnsupported
+from dispatch_kubeflow.kube.lazyclient import defer_client_imports
 from dispatch_kubeflow.metrics import address_argument, serve_metrics
 from dispatch_kubeflow.schema import schema_bytes
 from dispatch_kubeflow.settings import (
@@ -595,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    # Before any command imports kubernetes_asyncio (or kopf, which imports it): about 30 MiB of
+    # generated client code the programs never use stays unloaded.
+    defer_client_imports()
     try:
         # Building the parser imports the operator's modules (for run's options): a fault there
         # is an internal error too.
