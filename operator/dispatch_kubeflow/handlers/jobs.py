@@ -185,11 +185,19 @@ async def adapter_to_start(
     return await serving_adapter(memo.registry, namespace, adapter)
 
 
+def share_starts_gate(memo: kopf.Memo) -> None:
+    """Put the operator's bound on starts in flight in its memo, at startup.
+
+    kopf gives each object's handlers a shallow copy of the operator's memo: a gate made there
+    is shared by every DispatchJob, while one a handler made would be its own job's alone.
+    """
+    if "starts_gate" not in memo:
+        memo.starts_gate = asyncio.Semaphore(STARTS_IN_FLIGHT)
+
+
 def starts_gate(memo: kopf.Memo) -> asyncio.Semaphore:
-    """The operator's bound on starts in flight (one per operator, in its memo)."""
-    gate: asyncio.Semaphore | None = memo.get("starts_gate")
-    if gate is None:
-        gate = memo["starts_gate"] = asyncio.Semaphore(STARTS_IN_FLIGHT)
+    """The operator's bound on starts in flight, shared by every DispatchJob's memo."""
+    gate: asyncio.Semaphore = memo.starts_gate
     return gate
 
 

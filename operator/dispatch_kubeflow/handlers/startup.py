@@ -19,6 +19,7 @@ import kopf
 
 from dispatch_kubeflow import metrics
 from dispatch_kubeflow.constants import FINALIZER, GROUP
+from dispatch_kubeflow.handlers.jobs import share_starts_gate
 from dispatch_kubeflow.handlers.kube import connection_info, kopf_session, open_api_client
 from dispatch_kubeflow.handlers.registry import (
     EVENTS_TO_ENV,
@@ -102,6 +103,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.job_events = job_events_choice(os.environ.get(JOB_EVENTS_ENV))
     if "api" not in memo:
         memo.api = await open_api_client()
+    share_starts_gate(memo)
     serve_metrics(memo)
 
 
