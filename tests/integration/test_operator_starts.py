@@ -8,16 +8,22 @@ The operator runs in-process (``running_operator``) and the test plays Trainer, 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+from kubernetes_asyncio import client
+
 from dispatch_kubeflow.constants import (
     GROUP,
+    LABEL_JOB,
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
     VERSION,
 )
+from dispatch_kubeflow.handlers.jobs import STARTS_IN_FLIGHT
+from tests.integration.test_adapter import create_local_queue, garbage_collector, kueue_stand_in
 from tests.integration.test_operator import (
     ADAPTER,
     MERGE_PATCH,
@@ -29,7 +35,12 @@ from tests.integration.test_operator import (
     scene,
 )
 
-__all__ = ["operator", "operator_memo", "scene"]  # fixtures used by the tests below
+__all__ = [
+    "garbage_collector",
+    "operator",
+    "operator_memo",
+    "scene",
+]  # fixtures used by the tests below
 
 
 async def raise_attempt(scene: Scene, name: str, attempt: int) -> None:
@@ -120,3 +131,39 @@ async def test_item18_a_job_whose_adapter_never_existed_is_deleted_at_once(
         return await scene.job("typo") is None
 
     await eventually(gone, "the DispatchJob to go (its finalizer released)")
+
+
+async def test_a_burst_of_creations_starts_at_most_starts_in_flight_at_once(
+    garbage_collector: None, scene: Scene, kube_api: client.ApiClient, operator: Path
+) -> None:
+    """With no Kueue to make Workloads, every start waits for one: the TrainJobs made are the
+    starts in flight. Once Kueue plays again, every DispatchJob of the burst starts."""
+    await create_local_queue(kube_api, scene.namespace, "lq")
+    async with kueue_stand_in(kube_api, scene.namespace):
+        await scene.apply_adapter(scene.adapter_spec(kueue={"localQueue": "lq"}))
+        await scene.ready_adapter()
+    burst = [f"burst{index}" for index in range(STARTS_IN_FLIGHT + 10)]
+    await asyncio.gather(*(scene.create_job(name) for name in burst))
+
+    async def made() -> list[str]:
+        listed = await scene.objects.list_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, scene.namespace, TRAINJOBS, label_selector=LABEL_JOB
+        )
+        return [item["metadata"]["name"] for item in listed["items"]]
+
+    async def gate_full() -> list[str] | None:
+        names = await made()
+        return names if len(names) >= STARTS_IN_FLIGHT else None
+
+    await eventually(gate_full, f"{STARTS_IN_FLIGHT} TrainJobs, their starts waiting")
+    # The starts of the burst ran together: a start past the bound would have made its
+    # TrainJob as soon as the first twenty did. A second's look finds none.
+    for _ in range(10):
+        assert len(await made()) == STARTS_IN_FLIGHT
+        await asyncio.sleep(0.1)
+
+    async with kueue_stand_in(kube_api, scene.namespace):
+        for name in burst:
+            started = await scene.job_in_state(name, "Pending")
+            assert started["status"]["trainJob"] == f"{name}-1"
+    assert sorted(await made()) == sorted(f"{name}-1" for name in burst)

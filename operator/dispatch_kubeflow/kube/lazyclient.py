@@ -2,7 +2,7 @@
 
 ``kubernetes_asyncio.client`` imports all 65 API classes and all 768 models when it is first
 imported, and ``kubernetes_asyncio.client.api_client`` imports the models package whole: about
-30 MiB of code objects in a process that uses four API classes and a handful of models. kopf
+30 MiB of code objects in a process that uses three API classes and a handful of models. kopf
 imports ``kubernetes_asyncio.client`` too, when it is installed.
 
 :func:`defer_client_imports` replaces those three packages' ``__init__`` with a module that knows,
