@@ -101,6 +101,11 @@ GATE_HELD: Final = prometheus_client.Histogram(
     "Time a readmission was held Pending by dispatch-admission before Ready or Rejected.",
     buckets=PHASE_BUCKETS,
 )
+STARTS_PENDING: Final = prometheus_client.Gauge(
+    "dispatch_kubeflow_starts_pending",
+    "Starts of DispatchJobs handed over and not done: waiting for a place in flight, in flight, "
+    "or waiting to be tried again.",
+)
 LEADER: Final = prometheus_client.Gauge(
     "dispatch_kubeflow_admission_leader",
     "1 while this dispatch-admission replica holds the Lease, else 0.",

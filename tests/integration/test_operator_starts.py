@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import kopf
 from kubernetes_asyncio import client
 
 from dispatch_kubeflow.constants import (
@@ -22,7 +23,8 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     VERSION,
 )
-from dispatch_kubeflow.handlers.jobs import STARTS_IN_FLIGHT
+from dispatch_kubeflow.handlers.starts import STARTS_IN_FLIGHT
+from dispatch_kubeflow.handlers.startup import DIFFBASE_KEY
 from tests.integration.test_adapter import create_local_queue, garbage_collector, kueue_stand_in
 from tests.integration.test_operator import (
     ADAPTER,
@@ -32,7 +34,10 @@ from tests.integration.test_operator import (
     eventually,
     operator,
     operator_memo,
+    running_operator,
+    sample,
     scene,
+    scrape,
 )
 
 __all__ = [
@@ -133,37 +138,144 @@ async def test_item18_a_job_whose_adapter_never_existed_is_deleted_at_once(
     await eventually(gone, "the DispatchJob to go (its finalizer released)")
 
 
-async def test_a_burst_of_creations_starts_at_most_starts_in_flight_at_once(
-    garbage_collector: None, scene: Scene, kube_api: client.ApiClient, operator: Path
-) -> None:
-    """With no Kueue to make Workloads, every start waits for one: the TrainJobs made are the
-    starts in flight. Once Kueue plays again, every DispatchJob of the burst starts."""
+async def kueue_adapter(scene: Scene, kube_api: client.ApiClient) -> None:
+    """A Ready adapter in Kueue mode; with the stand-in stopped, every start waits for a
+    Workload, so the TrainJobs that exist are exactly the starts in flight."""
     await create_local_queue(kube_api, scene.namespace, "lq")
     async with kueue_stand_in(kube_api, scene.namespace):
         await scene.apply_adapter(scene.adapter_spec(kueue={"localQueue": "lq"}))
         await scene.ready_adapter()
-    burst = [f"burst{index}" for index in range(STARTS_IN_FLIGHT + 10)]
-    await asyncio.gather(*(scene.create_job(name) for name in burst))
 
-    async def made() -> list[str]:
-        listed = await scene.objects.list_namespaced_custom_object(
-            TRAINER_GROUP, TRAINER_VERSION, scene.namespace, TRAINJOBS, label_selector=LABEL_JOB
-        )
-        return [item["metadata"]["name"] for item in listed["items"]]
 
-    async def gate_full() -> list[str] | None:
-        names = await made()
+async def made(scene: Scene) -> list[str]:
+    """The names of the TrainJobs the operator made in the scene's namespace."""
+    listed = await scene.objects.list_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, scene.namespace, TRAINJOBS, label_selector=LABEL_JOB
+    )
+    return [item["metadata"]["name"] for item in listed["items"]]
+
+
+async def starts_in_flight_full(scene: Scene) -> list[str]:
+    """The TrainJobs of the starts in flight, once the bound is reached; it holds for a second.
+
+    A start past the bound would make its TrainJob as soon as the first twenty did.
+    """
+
+    async def full() -> list[str] | None:
+        names = await made(scene)
         return names if len(names) >= STARTS_IN_FLIGHT else None
 
-    await eventually(gate_full, f"{STARTS_IN_FLIGHT} TrainJobs, their starts waiting")
-    # The starts of the burst ran together: a start past the bound would have made its
-    # TrainJob as soon as the first twenty did. A second's look finds none.
+    names = await eventually(full, f"{STARTS_IN_FLIGHT} TrainJobs, their starts waiting")
     for _ in range(10):
-        assert len(await made()) == STARTS_IN_FLIGHT
+        assert len(await made(scene)) == STARTS_IN_FLIGHT
         await asyncio.sleep(0.1)
+    return names
+
+
+async def test_a_burst_of_creations_starts_at_most_starts_in_flight_at_once(
+    garbage_collector: None,
+    scene: Scene,
+    kube_api: client.ApiClient,
+    operator: Path,
+    operator_memo: kopf.Memo,
+) -> None:
+    """Once Kueue plays again, every DispatchJob of the burst starts."""
+    await kueue_adapter(scene, kube_api)
+    burst = [f"burst{index}" for index in range(STARTS_IN_FLIGHT + 10)]
+    await asyncio.gather(*(scene.create_job(name) for name in burst))
+    await starts_in_flight_full(scene)
+    samples = await scrape(operator_memo.metrics_port)
+    assert sample(samples, "dispatch_kubeflow_starts_pending") == len(burst)
+
+    async def none_pending() -> bool:
+        samples = await scrape(operator_memo.metrics_port)
+        return sample(samples, "dispatch_kubeflow_starts_pending") == 0
 
     async with kueue_stand_in(kube_api, scene.namespace):
         for name in burst:
             started = await scene.job_in_state(name, "Pending")
             assert started["status"]["trainJob"] == f"{name}-1"
-    assert sorted(await made()) == sorted(f"{name}-1" for name in burst)
+        # Each start ends once Kueue has made its Workload.
+        await eventually(none_pending, "no start pending")
+    assert sorted(await made(scene)) == sorted(f"{name}-1" for name in burst)
+
+
+def creation_handled(body: dict[str, Any] | None) -> bool:
+    """Whether kopf has marked the DispatchJob's creation handled (its last-handled spec)."""
+    annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
+    return f"{GROUP}/{DIFFBASE_KEY}" in annotations
+
+
+async def test_starts_queued_when_the_operator_stops_are_made_by_the_next_one(
+    garbage_collector: None,
+    cluster: Any,
+    scene: Scene,
+    kube_api: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """kopf counts a creation handled once its start is handed over; the start itself is not
+    kept anywhere but in the operator. The next operator finds the jobs never started by their
+    status and starts them, each once (the starts that were in flight made their TrainJobs)."""
+    events = tmp_path / "events.jsonl"
+    burst = [f"queued{index}" for index in range(STARTS_IN_FLIGHT + 10)]
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+        await kueue_adapter(scene, kube_api)
+        await asyncio.gather(*(scene.create_job(name) for name in burst))
+        in_flight = await starts_in_flight_full(scene)
+
+        async def all_handed_over() -> bool:
+            bodies = [await scene.job(name) for name in burst]
+            return all(creation_handled(body) for body in bodies)
+
+        await eventually(all_handed_over, "kopf to count every creation handled")
+
+    never = [name for name in burst if f"{name}-1" not in in_flight]
+    assert len(never) == 10
+    for name in never:
+        body = await scene.job(name)
+        assert body is not None
+        assert (body.get("status") or {}).get("attempt") is None
+    assert sorted(await made(scene)) == sorted(in_flight)
+
+    async with (
+        kueue_stand_in(kube_api, scene.namespace),
+        running_operator(cluster.kubeconfig, [scene.namespace], events),
+    ):
+        for name in burst:
+            started = await scene.job_in_state(name, "Pending")
+            assert started["status"]["attempt"] == 1
+            assert started["status"]["trainJob"] == f"{name}-1"
+    assert sorted(await made(scene)) == sorted(f"{name}-1" for name in burst)
+
+
+async def test_deleting_a_job_whose_start_is_queued_or_in_flight_leaves_nothing_of_it(
+    garbage_collector: None, scene: Scene, kube_api: client.ApiClient, operator: Path
+) -> None:
+    """kopf no longer runs a job's deletion after its start: the deletion withdraws the start.
+    A queued start never runs; one in flight is cancelled and its TrainJob deleted."""
+    await kueue_adapter(scene, kube_api)
+    burst = [f"gone{index}" for index in range(STARTS_IN_FLIGHT + 5)]
+    await asyncio.gather(*(scene.create_job(name) for name in burst))
+    in_flight = await starts_in_flight_full(scene)
+    flying = next(name for name in burst if f"{name}-1" in in_flight)
+    queued = next(name for name in burst if f"{name}-1" not in in_flight)
+    deleted = [flying, queued]
+
+    for name in deleted:
+        await scene.objects.delete_namespaced_custom_object(
+            GROUP, VERSION, scene.namespace, "dispatchjobs", name
+        )
+    for name in deleted:
+
+        async def gone(name: str = name) -> bool:
+            return await scene.job(name) is None
+
+        await eventually(gone, f"DispatchJob {name} to go (its finalizer released)")
+    assert await scene.trainjob(f"{flying}-1") is None
+
+    kept = [name for name in burst if name not in deleted]
+    async with kueue_stand_in(kube_api, scene.namespace):
+        for name in kept:
+            await scene.job_in_state(name, "Pending")
+    # Nothing of a deleted job was made after its deletion, even once the others all started.
+    assert sorted(await made(scene)) == sorted(f"{name}-1" for name in kept)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import kopf
 from kubernetes_asyncio.client import ApiClient
@@ -43,6 +43,7 @@ from dispatch_kubeflow.handlers.serving import (
     waiting_conditions,
     why_not_serving,
 )
+from dispatch_kubeflow.handlers.starts import JobKey, Starts
 from dispatch_kubeflow.handlers.status import (
     DispatchJobStatus,
     begin_attempt,
@@ -54,12 +55,11 @@ from dispatch_kubeflow.trainjob import EnvVar, JobSpec, trainjob_name
 ADAPTER_WAIT: Final = 10.0
 UNFINISHED_WAIT: Final = 30.0
 RETRY_UNKNOWN: Final = 10.0
+# A handed-over start that failed for a reason of no known kind tries again after kopf's own
+# default backoff for a handler that raised.
+RETRY_FAILED: Final = 60.0
 REASON_INVALID_JOB: Final = "InvalidJob"
 REASON_UNSUPPORTED: Final = "Unsupported"
-# Starts in flight per operator. Each holds API connections (in Kueue mode a watch for its
-# Workload too): a burst of creations beyond this waits here, not in the client's connection
-# pool, where the wait counts against the request timeout and times every start out.
-STARTS_IN_FLIGHT: Final = 20
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], None]
@@ -72,6 +72,37 @@ class Refusal:
     reason: str
     message: str
     cause: Cause
+
+
+@dataclass(frozen=True)
+class Target:
+    """The DispatchJob a start is for, as little of it as its outcome needs to be recorded."""
+
+    namespace: str
+    name: str
+    reference: Mapping[str, Any]  # apiVersion, kind and metadata (name, namespace, uid)
+    adapter: str
+    runtime: Any
+
+    @property
+    def key(self) -> JobKey:
+        return (self.namespace, self.name)
+
+
+def target_of(body: Mapping[str, Any]) -> Target:
+    metadata = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return Target(
+        namespace=str(metadata.get("namespace")),
+        name=str(metadata.get("name")),
+        reference={
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {k: metadata.get(k) for k in ("name", "namespace", "uid")},
+        },
+        adapter=str(spec.get("adapter")),
+        runtime=spec.get("runtime"),
+    )
 
 
 def refusal_of(error: ErrInvalid | ErrUnsupported) -> Refusal:
@@ -185,64 +216,138 @@ async def adapter_to_start(
     return await serving_adapter(memo.registry, namespace, adapter)
 
 
-def share_starts_gate(memo: kopf.Memo) -> None:
-    """Put the operator's bound on starts in flight in its memo, at startup.
+def share_starts(memo: kopf.Memo) -> None:
+    """Put the operator's starts, and their bound in flight, in its memo, at startup.
 
-    kopf gives each object's handlers a shallow copy of the operator's memo: a gate made there
-    is shared by every DispatchJob, while one a handler made would be its own job's alone.
+    kopf gives each object's handlers a shallow copy of the operator's memo: what is made there
+    is shared by every DispatchJob, while what a handler made would be its own job's alone.
     """
-    if "starts_gate" not in memo:
-        memo.starts_gate = asyncio.Semaphore(STARTS_IN_FLIGHT)
+    if "starts" not in memo:
+        memo.starts = Starts()
 
 
-def starts_gate(memo: kopf.Memo) -> asyncio.Semaphore:
-    """The operator's bound on starts in flight, shared by every DispatchJob's memo."""
-    gate: asyncio.Semaphore = memo.starts_gate
-    return gate
+def starts_of(memo: kopf.Memo) -> Starts:
+    """The operator's starts, shared by every DispatchJob's memo."""
+    starts: Starts = memo.starts
+    return starts
+
+
+async def adapter_and_job(
+    memo: kopf.Memo, body: kopf.Body, spec: Mapping[str, Any], kwargs: Mapping[str, Any]
+) -> tuple[Any, JobSpec] | None:
+    """The open adapter and the JobSpec to start; None once an invalid job is refused.
+
+    While no adapter serves the job, its status says why and kopf retries the handler.
+    """
+    target = target_of(body)
+    try:
+        job = job_spec(target.name, spec)
+    except ErrInvalid as error:
+        await _refuse(memo, target, int(spec.get("attempt", 1)), refusal_of(error))
+        return None
+    adapters = adapters_seen(kwargs)
+    adapter = await adapter_to_start(memo, adapters, target.name, target.namespace, target.adapter)
+    return adapter, job
+
+
+async def start_and_record(
+    memo: kopf.Memo, adapter: Any, job: JobSpec, target: Target, logger: Logger
+) -> None:
+    """Start ``job`` within the bound in flight and record the outcome, a refusal too.
+
+    ``ErrOutcomeUnknown`` is raised: the start is to be tried again.
+    """
+    try:
+        async with starts_of(memo).gate:
+            await adapter.start(job)
+    except (ErrInvalid, ErrUnsupported) as error:
+        await _refuse(memo, target, job.attempt, refusal_of(error))
+        return
+    train_job = trainjob_name(target.name, job.attempt)
+    logger.info("attempt %s started as TrainJob %s", job.attempt, train_job)
+    await record_start(
+        memo.api, target.namespace, target.name, attempt=job.attempt, train_job=train_job
+    )
 
 
 async def start_attempt(
-    *,
-    memo: kopf.Memo,
-    body: kopf.Body,
-    name: str,
-    namespace: str | None,
-    spec: Mapping[str, Any],
-    logger: Logger,
-    **kwargs: Any,
+    *, memo: kopf.Memo, body: kopf.Body, spec: Mapping[str, Any], logger: Logger, **kwargs: Any
 ) -> None:
-    """Start attempt ``spec.attempt``, given kopf's handler arguments (the adapter index too)."""
-    namespace = str(namespace)
-    attempt = int(spec.get("attempt", 1))
-    try:
-        job = job_spec(name, spec)
-    except ErrInvalid as error:
-        await _refuse(memo, body, name, namespace, attempt, refusal_of(error))
+    """Start attempt ``spec.attempt`` before the handler returns (kopf holds the job meanwhile)."""
+    found = await adapter_and_job(memo, body, spec, kwargs)
+    if found is None:
         return
-    adapters = adapters_seen(kwargs)
-    adapter = await adapter_to_start(memo, adapters, name, namespace, str(spec.get("adapter")))
+    adapter, job = found
     try:
-        async with starts_gate(memo):
-            await adapter.start(job)
+        await start_and_record(memo, adapter, job, target_of(body), logger)
     except ErrOutcomeUnknown as error:
         raise kopf.TemporaryError(str(error), delay=RETRY_UNKNOWN) from error
-    except (ErrInvalid, ErrUnsupported) as error:
-        await _refuse(memo, body, name, namespace, attempt, refusal_of(error))
-        return
-    train_job = trainjob_name(name, attempt)
-    logger.info("attempt %s started as TrainJob %s", attempt, train_job)
-    await record_start(memo.api, namespace, name, attempt=attempt, train_job=train_job)
 
 
-async def _refuse(
-    memo: kopf.Memo, body: kopf.Body, name: str, namespace: str, attempt: int, refused: Refusal
+async def hand_over_start(
+    *, memo: kopf.Memo, body: kopf.Body, spec: Mapping[str, Any], logger: Logger, **kwargs: Any
 ) -> None:
-    await record_start(memo.api, namespace, name, attempt=attempt, train_job=None, refused=refused)
-    kopf.warn(body, reason=refused.reason, message=refused.message)
-    spec = body.get("spec") or {}
-    adapter = str(spec.get("adapter"))
-    runtime = metrics.runtime_label(spec.get("runtime"), default_runtime(memo, namespace, adapter))
-    metrics.start_refused(namespace, adapter, runtime, State.FAILED, refused.cause)
+    """Hand attempt ``spec.attempt``'s start over to the operator's starts and return.
+
+    The job is checked and its adapter found first, so a refusal or a missing adapter shows in
+    its status as the handler's own outcome; the start itself then waits for its turn.
+    """
+    found = await adapter_and_job(memo, body, spec, kwargs)
+    if found is None:
+        return
+    target = target_of(body)
+    job = found[1]
+    starts_of(memo).hand_over(target.key, lambda: start_until_done(memo, job, target, logger))
+
+
+async def start_until_done(memo: kopf.Memo, job: JobSpec, target: Target, logger: Logger) -> None:
+    """A handed-over start: tried until it is started or refused, or the job's deletion ends it.
+
+    Nothing is left to kopf's retries: its handler has returned. The adapter is looked up at
+    each try, as the one the job was handed over with may have closed (its settings changed).
+    """
+    waiting_said = False
+    while True:
+        adapter = await serving_adapter_or_none(memo.registry, target)
+        if adapter is None:
+            if not waiting_said:
+                logger.info("KubeflowAdapter %r is not ready: the start waits", target.adapter)
+            waiting_said = True
+            continue
+        try:
+            await start_and_record(memo, adapter, job, target, logger)
+            return
+        except ErrOutcomeUnknown as error:
+            logger.warning("%s; trying again in %s s", error, RETRY_UNKNOWN)
+            delay = RETRY_UNKNOWN
+        except Exception:
+            logger.exception(
+                "starting attempt %s failed; trying again in %s s", job.attempt, RETRY_FAILED
+            )
+            delay = RETRY_FAILED
+        await asyncio.sleep(delay)
+
+
+async def serving_adapter_or_none(registry: AdapterRegistry, target: Target) -> Any | None:
+    found = registry.get(target.namespace, target.adapter)
+    if found is not None:
+        return found
+    return await registry.wait_for(target.namespace, target.adapter, ADAPTER_WAIT)
+
+
+async def _refuse(memo: kopf.Memo, target: Target, attempt: int, refused: Refusal) -> None:
+    await record_start(
+        memo.api, target.namespace, target.name, attempt=attempt, train_job=None, refused=refused
+    )
+    kopf.warn(
+        kopf.Body(cast(kopf.RawBody, target.reference)),
+        reason=refused.reason,
+        message=refused.message,
+    )
+    runtime = metrics.runtime_label(
+        target.runtime, default_runtime(memo, target.namespace, target.adapter)
+    )
+    metrics.start_refused(target.namespace, target.adapter, runtime, State.FAILED, refused.cause)
 
 
 def default_runtime(memo: kopf.Memo, namespace: str, adapter: str) -> str:
@@ -253,7 +358,30 @@ def default_runtime(memo: kopf.Memo, namespace: str, adapter: str) -> str:
 
 @kopf.on.create(GROUP, VERSION, DISPATCH_JOBS)
 async def start_job(**kwargs: Any) -> None:
-    await start_attempt(**kwargs)
+    """A created job's first attempt: handed over, so a burst of creations waits lightly."""
+    await hand_over_start(**kwargs)
+
+
+def never_started(status: Mapping[str, Any] | None) -> bool:
+    """No attempt of the job was ever handed to an adapter, as far as its status tells."""
+    current = status or {}
+    recorded = DispatchJobStatus.from_wire(current).attempt is not None
+    return not recorded and not current.get(STATUS_REPORTED)
+
+
+def is_never_started(status: kopf.Status, **_: Any) -> bool:
+    return never_started(status)
+
+
+@kopf.on.resume(GROUP, VERSION, DISPATCH_JOBS, when=is_never_started)
+async def resume_start(**kwargs: Any) -> None:
+    """A job created before the operator stopped, whose start was handed over and not done.
+
+    kopf counts the creation handled once the start is handed over, so a start still queued or
+    in flight when the operator stopped is found here, by the job's status, and started again
+    (a start is idempotent: a TrainJob it made before is taken as it is).
+    """
+    await hand_over_start(**kwargs)
 
 
 def waits_for_current(status: DispatchJobStatus, raised: int) -> bool:
@@ -268,24 +396,24 @@ def waits_for_current(status: DispatchJobStatus, raised: int) -> bool:
 
 
 @kopf.on.update(GROUP, VERSION, DISPATCH_JOBS, field="spec.attempt")
-async def raise_attempt(old: Any, new: Any, status: kopf.Status, **kwargs: Any) -> None:
+async def raise_attempt(
+    old: Any, new: Any, status: kopf.Status, memo: kopf.Memo, body: kopf.Body, **kwargs: Any
+) -> None:
     """A raised attempt starts once the current attempt has finished."""
     if old is not None and new is not None and int(new) <= int(old):
         return
+    if starts_of(memo).holds(target_of(body).key):
+        raise kopf.TemporaryError(
+            f"the start of an earlier attempt is still under way; attempt {new} waits for it",
+            delay=UNFINISHED_WAIT,
+        )
     current = DispatchJobStatus.from_wire(status)
     if waits_for_current(current, int(new)):
         raise kopf.TemporaryError(
             f"attempt {current.attempt} has not finished; attempt {new} waits for it",
             delay=UNFINISHED_WAIT,
         )
-    await start_attempt(**kwargs)
-
-
-def never_started(status: Mapping[str, Any] | None) -> bool:
-    """No attempt of the job was ever handed to an adapter, as far as its status tells."""
-    current = status or {}
-    recorded = DispatchJobStatus.from_wire(current).attempt is not None
-    return not recorded and not current.get(STATUS_REPORTED)
+    await start_attempt(memo=memo, body=body, **kwargs)
 
 
 @kopf.on.delete(GROUP, VERSION, DISPATCH_JOBS)
@@ -300,10 +428,13 @@ async def stop_job(
 ) -> None:
     """Stop every attempt of the job; the finalizer holds the DispatchJob until it is done.
 
-    A job that never started and names a KubeflowAdapter that does not exist has nothing to stop
+    A start handed over and not done is withdrawn first, so nothing of it is made afterwards. A
+    job that never started and names a KubeflowAdapter that does not exist has nothing to stop
     and nothing that could stop it: it goes at once rather than waiting for that adapter forever.
     """
     served, name_of_adapter = str(namespace), str(spec.get("adapter"))
+    if await starts_of(memo).withdraw((served, name)):
+        logger.info("the start of job %s, handed over and not done, was withdrawn", name)
     adapters = adapters_seen(kwargs)
     if never_started(status) and not adapter_exists(adapters, served, name_of_adapter):
         logger.info("job %s never started and its adapter does not exist: nothing to stop", name)
