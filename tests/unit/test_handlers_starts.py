@@ -282,6 +282,37 @@ async def test_a_handed_over_start_whose_outcome_is_unknown_is_tried_again(
     ]
 
 
+class Reopening(SlowAdapter):
+    """An adapter whose settings changed during a start: the operator reopens it, closing this."""
+
+    def __init__(self, registry: Registry, reopened: SlowAdapter) -> None:
+        super().__init__()
+        self.registry = registry
+        self.reopened = reopened
+
+    async def start(self, job: JobSpec) -> None:
+        self.tried.append(job.job_id)
+        self.registry.adapter = self.reopened
+        raise RuntimeError("Session is closed")
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_start_whose_adapter_closed_under_it_is_tried_again_at_once_on_the_new_one(
+    recorded: Recorded,
+) -> None:
+    reopened = SlowAdapter()
+    operator = Operator(reopened)
+    closing = Reopening(operator.memo.registry, reopened)
+    operator.memo.registry.adapter = closing
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await operator.create("moved")
+    await operator.starts.join()
+    assert (closing.tried, reopened.started) == (["moved"], ["moved"])
+    assert loop.time() - began < jobs.RETRY_UNKNOWN
+    assert [name for name, *_ in recorded.starts] == ["moved"]
+
+
 async def test_a_handed_over_start_the_adapter_refuses_is_recorded_with_its_cause(
     recorded: Recorded,
 ) -> None:

@@ -304,7 +304,8 @@ async def start_until_done(memo: kopf.Memo, job: JobSpec, target: Target, logger
     """A handed-over start: tried until it is started or refused, or the job's deletion ends it.
 
     Nothing is left to kopf's retries: its handler has returned. The adapter is looked up at
-    each try, as the one the job was handed over with may have closed (its settings changed).
+    each try, as the one the job was handed over with may have closed (its settings changed);
+    a start that failed because its adapter closed under it is tried again at once.
     """
     waiting_said = False
     while True:
@@ -321,6 +322,9 @@ async def start_until_done(memo: kopf.Memo, job: JobSpec, target: Target, logger
             logger.warning("%s; trying again in %s s", error, RETRY_UNKNOWN)
             delay = RETRY_UNKNOWN
         except Exception:
+            if memo.registry.get(target.namespace, target.adapter) is not adapter:
+                logger.info("KubeflowAdapter %r closed during the start: again", target.adapter)
+                continue
             logger.exception(
                 "starting attempt %s failed; trying again in %s s", job.attempt, RETRY_FAILED
             )
