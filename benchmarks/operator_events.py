@@ -529,6 +529,7 @@ class Run:
         # (job, transition): when its write began, and the (plural, name, resourceVersion) written.
         self.written: dict[tuple[str, str], tuple[float, tuple[str, str, str]]] = {}
         self.rss_after_rounds: list[float] = []
+        self.peak_rss_through_creation = 0.0
         self.transition_cpu = 0.0
         self.create_seconds = 0.0
         self.delete_seconds = 0.0
@@ -554,6 +555,10 @@ class Run:
                 if profiler is not None:
                     profiler.stop()
                 await player.settled([f"{name}-1" for name in names])
+                if round_ == 0:
+                    self.peak_rss_through_creation = operator.peak_rss_mib()
+                    peak = self.peak_rss_through_creation
+                    progress(f"operator peak RSS through the creation: {peak} MiB")
                 await self.transitions(cluster, names, events, operator)
                 await self.count_duplicates(api)
                 if not self.args.keep:
@@ -843,6 +848,7 @@ def main() -> int:
             "second_trip_ms": run.second_trip(audited, events),
             "operator_requests": run.requests(audited),
             "operator_peak_rss_mib": peak,
+            "operator_peak_rss_mib_through_first_creation": run.peak_rss_through_creation,
             "operator_rss_mib_after_each_round": run.rss_after_rounds,
             "operator_cpu_seconds_per_1000_transitions": round(
                 1000 * run.transition_cpu / transitions, 2
