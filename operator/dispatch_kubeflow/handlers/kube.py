@@ -22,7 +22,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.constants import GROUP, MERGE_PATCH, VERSION
 from dispatch_kubeflow.kube.apierrors import is_conflict, is_not_found
-from dispatch_kubeflow.kube.connection import CONNECTIONS_PER_CLIENT, read_environment_once
+from dispatch_kubeflow.kube.connection import (
+    CONNECTIONS_PER_CLIENT,
+    bound_tls_read_buffers,
+    read_environment_once,
+)
 
 CONFLICT_RETRIES: Final = 10
 # kopf's own session has no bound on its connections: a burst of DispatchJobs (each object's
@@ -107,8 +111,10 @@ def kopf_session(
 ) -> kopf.AiohttpSession:
     """kopf's session for ``info``, as kopf builds it, but with its requests in flight bounded.
 
-    ``bound`` defaults to ``KOPF_REQUESTS_IN_FLIGHT`` places.
+    ``bound`` defaults to ``KOPF_REQUESTS_IN_FLIGHT`` places. Its TLS connections read through
+    ``TLS_READ_BUFFER`` bytes, as the operator's own client's do.
     """
+    bound_tls_read_buffers()
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
         headers=info.as_http_headers(),
