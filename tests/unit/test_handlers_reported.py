@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from dispatch_kubeflow.constants import STATUS_REPORTED
@@ -14,6 +15,7 @@ from dispatch_kubeflow.handlers.reported import (
     record_patch,
     records_of,
     slim,
+    status_of,
 )
 from dispatch_kubeflow.reporting import ListingReportStore, ReportedRecord
 from dispatch_kubeflow.settings import parse_settings_object
@@ -76,8 +78,35 @@ def test_the_store_keeps_what_it_reads_and_drops_the_bookkeeping() -> None:
         "status": status,
     }
     kept = slim(whole)
-    assert kept == {**head, "metadata": identity, "spec": routing, "status": status}
+    assert {**kept, "status": status_of(kept)} == {
+        **head,
+        "metadata": identity,
+        "spec": routing,
+        "status": status,
+    }
     assert records_of(kept, "a") == records_of(whole, "a") == {2: RUNNING}
+
+
+def test_the_store_keeps_the_status_packed_in_a_quarter_of_its_memory() -> None:
+    events = [
+        {"type": kind, "attempt": 1, "job": "train", "id": f"train/1/{n}", "evidence": []}
+        for n, kind in enumerate(("Submitted", "Admitted", "Running", "Finished"), 1)
+    ]
+    whole = dispatch_job("a", {"1": DONE.to_json()})
+    whole["status"]["events"] = events
+    kept = slim(whole)
+    assert status_of(kept) == whole["status"]
+    assert status_of(slim(kept)) == whole["status"], "slimming what the store keeps changes it"
+    assert deep_size(kept["status"]) * 4 < deep_size(whole["status"])
+
+
+def deep_size(value: Any) -> int:
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        return size + sum(deep_size(k) + deep_size(v) for k, v in value.items())
+    if isinstance(value, list):
+        return size + sum(deep_size(item) for item in value)
+    return size
 
 
 def test_the_crd_keeps_the_records_as_strings_by_attempt() -> None:

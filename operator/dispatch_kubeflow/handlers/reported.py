@@ -19,6 +19,7 @@ their commit has succeeded.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -62,11 +63,20 @@ WARNING_TYPES: Final = frozenset(
 WARNING_STATES: Final = frozenset({State.FAILED, State.UNKNOWN})
 
 
+def status_of(body: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A DispatchJob's status, from its whole body or from what ``slim`` keeps of it."""
+    status = (body or {}).get("status")
+    if isinstance(status, str):
+        unpacked: Mapping[str, Any] = json.loads(status)
+        return unpacked
+    return status if isinstance(status, Mapping) else {}
+
+
 def records_of(body: Mapping[str, Any] | None, adapter: str) -> dict[int, ReportedRecord]:
     """The readable records in a DispatchJob's status by attempt; none if not of ``adapter``."""
     if not body or dig(body, "spec", "adapter") != adapter:
         return {}
-    stored = dig(body, "status", STATUS_REPORTED)
+    stored = status_of(body).get(STATUS_REPORTED)
     records: dict[int, ReportedRecord] = {}
     for attempt, text in (stored or {}).items() if isinstance(stored, Mapping) else ():
         record = ReportedRecord.from_json(text) if isinstance(text, str) else None
@@ -84,7 +94,9 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
 
     A DispatchJob's managedFields and kopf's annotations outweigh the rest of it several times;
     the store needs the identity an Event names, the spec fields that route and label a
-    transition, and the status it folds into.
+    transition, and the status it folds into (read with ``status_of``). The status is kept as
+    its compact JSON: as objects, its history of events takes four times the memory, and it is
+    read only when a transition of that job is committed.
     """
     metadata, spec = body.get("metadata") or {}, body.get("spec") or {}
     return {
@@ -92,7 +104,7 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
         "kind": body.get("kind"),
         "metadata": {key: metadata[key] for key in SLIM_METADATA if key in metadata},
         "spec": {key: spec[key] for key in SLIM_SPEC if key in spec},
-        "status": body.get("status") or {},
+        "status": json.dumps(status_of(body), separators=(",", ":")),
     }
 
 
@@ -277,7 +289,7 @@ class DispatchJobStatusStore:
         events: Sequence[Mapping[str, Any]],
     ) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
         status, new = fold_events(
-            DispatchJobStatus.from_wire(dig(current, "status")),
+            DispatchJobStatus.from_wire(status_of(current)),
             events,
             attempt=int(dig(current, "spec", "attempt") or 1),
             generation=dig(current, "metadata", "generation"),
