@@ -36,6 +36,10 @@ def asyncio_default_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sslproto.SSLProtocol, "max_size", ASYNCIO_DEFAULT)
 
 
+def large_config_map(name: str, value: str) -> client.V1ConfigMap:
+    return client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data={"value": value})
+
+
 def tls_protocols() -> list[Any]:
     return [o for o in gc.get_objects() if isinstance(o, sslproto.SSLProtocol)]
 
@@ -56,8 +60,7 @@ async def test_the_operators_client_reads_a_large_object_through_the_bounded_buf
         api = await open_api_client()
     try:
         core = client.CoreV1Api(api)
-        body = {"metadata": {"name": name}, "data": {"value": value}}
-        await core.create_namespaced_config_map(namespace, body)
+        await core.create_namespaced_config_map(namespace, large_config_map(name, value))
         read = await core.read_namespaced_config_map(name, namespace)
         assert read.data["value"] == value
         buffers = buffers_opened_since(before)
@@ -76,7 +79,7 @@ async def test_kopfs_session_reads_a_large_object_through_the_bounded_buffer(
     with kubeconfig(cluster.kubeconfig):
         api = await open_api_client()
         try:
-            body = {"metadata": {"name": name}, "data": {"value": value}}
+            body = large_config_map(name, value)
             await client.CoreV1Api(api).create_namespaced_config_map(namespace, body)
         finally:
             await api.close()
