@@ -24,7 +24,11 @@ ANNOTATION_READMIT: Final = f"{PREFIX}readmit"
 ANNOTATION_REJECT: Final = f"{PREFIX}reject"
 RUNTIME_PATCH_MANAGER: Final = f"{PREFIX}adapter"
 ADMISSION_CONTROLLER_NAME: Final = f"{PREFIX}admission"
+# kopf's finalizer: on KubeflowAdapters (their daemons), and on DispatchJobs made before the
+# stop finalizer, until the operator puts that on.
 FINALIZER: Final = f"{PREFIX}finalizer"
+# The operator's own on DispatchJobs: put on before a job's first start, taken off once stopped.
+STOP_FINALIZER: Final = f"{PREFIX}stop"
 
 # Label and annotation prefixes that dispatch, Kueue, Trainer and JobSet read.
 RESERVED_PREFIXES: Final = (
@@ -101,6 +105,7 @@ LEASES: Final = "leases"
 
 # Patch content types.
 MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
 # TrainJob conditions read by derivation (their reasons, and every other upstream reason, are

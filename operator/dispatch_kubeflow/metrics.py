@@ -106,6 +106,11 @@ STARTS_PENDING: Final = prometheus_client.Gauge(
     "Starts of DispatchJobs handed over and not done: waiting for a place in flight, in flight, "
     "or waiting to be tried again.",
 )
+STOPS_PENDING: Final = prometheus_client.Gauge(
+    "dispatch_kubeflow_stops_pending",
+    "Stops of deleted DispatchJobs handed over and not done: waiting for a place in flight, in "
+    "flight, or waiting to be tried again. Each holds its DispatchJob by the stop finalizer.",
+)
 LEADER: Final = prometheus_client.Gauge(
     "dispatch_kubeflow_admission_leader",
     "1 while this dispatch-admission replica holds the Lease, else 0.",

@@ -23,7 +23,7 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     VERSION,
 )
-from dispatch_kubeflow.handlers.starts import STARTS_IN_FLIGHT
+from dispatch_kubeflow.handlers.handover import STARTS_IN_FLIGHT
 from dispatch_kubeflow.handlers.startup import DIFFBASE_KEY
 from tests.integration.test_adapter import create_local_queue, garbage_collector, kueue_stand_in
 from tests.integration.test_operator import (

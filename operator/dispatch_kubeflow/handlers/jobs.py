@@ -1,7 +1,10 @@
 """DispatchJob: create starts the attempt, delete stops the job, events fold into the status.
 
 The handlers are thin: they find the open adapter serving the DispatchJob's namespace, call the
-library (``start``, ``stop_job``) and record the outcome in the status. The adapter's dispatch
+library (``start``, ``stop_job``) and record the outcome in the status. Starts and stops are
+handed over to the operator's own tasks (``handover``), so a burst of either waits lightly; the
+operator's stop finalizer, put on before a job's first start, holds a deleted job until its stop
+is done. The adapter's dispatch
 events reach DispatchJobs through the adapter's report store (``reported``), which commits each
 transition into the status in one write, driven by the KubeflowAdapter's single watch, never by
 a watch per job.
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -22,8 +25,10 @@ from dispatch_kubeflow import metrics
 from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock
 from dispatch_kubeflow.constants import (
     DISPATCH_JOBS,
+    FINALIZER,
     GROUP,
     STATUS_REPORTED,
+    STOP_FINALIZER,
     VERSION,
     Cause,
     State,
@@ -34,7 +39,19 @@ from dispatch_kubeflow.errors import (
     ErrUnsupported,
     RuntimeUnsupportedError,
 )
-from dispatch_kubeflow.handlers.kube import update_status
+from dispatch_kubeflow.handlers.handover import (
+    STARTS_IN_FLIGHT,
+    STOPS_IN_FLIGHT,
+    Ended,
+    HandedOver,
+    JobKey,
+)
+from dispatch_kubeflow.handlers.kube import (
+    change_finalizers,
+    update_status,
+    with_finalizer,
+    without_finalizer,
+)
 from dispatch_kubeflow.handlers.registry import AdapterRegistry
 from dispatch_kubeflow.handlers.serving import (
     AdaptersByName,
@@ -43,7 +60,6 @@ from dispatch_kubeflow.handlers.serving import (
     waiting_conditions,
     why_not_serving,
 )
-from dispatch_kubeflow.handlers.starts import JobKey, Starts
 from dispatch_kubeflow.handlers.status import (
     DispatchJobStatus,
     begin_attempt,
@@ -216,28 +232,51 @@ async def adapter_to_start(
     return await serving_adapter(memo.registry, namespace, adapter)
 
 
-def share_starts(memo: kopf.Memo) -> None:
-    """Put the operator's starts, and their bound in flight, in its memo, at startup.
+def share_handed_over(memo: kopf.Memo) -> None:
+    """Put the operator's starts and stops, and their bounds in flight, in its memo, at startup.
 
     kopf gives each object's handlers a shallow copy of the operator's memo: what is made there
     is shared by every DispatchJob, while what a handler made would be its own job's alone.
     """
     if "starts" not in memo:
-        memo.starts = Starts()
+        memo.starts = HandedOver("start", STARTS_IN_FLIGHT, metrics.STARTS_PENDING)
+    if "stops" not in memo:
+        memo.stops = HandedOver("stop", STOPS_IN_FLIGHT, metrics.STOPS_PENDING)
+        memo.stopped = Ended()
 
 
-def starts_of(memo: kopf.Memo) -> Starts:
+def starts_of(memo: kopf.Memo) -> HandedOver:
     """The operator's starts, shared by every DispatchJob's memo."""
-    starts: Starts = memo.starts
+    starts: HandedOver = memo.starts
     return starts
+
+
+def stops_of(memo: kopf.Memo) -> HandedOver:
+    """The operator's stops, shared by every DispatchJob's memo."""
+    stops: HandedOver = memo.stops
+    return stops
+
+
+async def held_for_stop(memo: kopf.Memo, body: Mapping[str, Any]) -> bool:
+    """Put the stop finalizer on the job before anything of it is made; False if it is gone."""
+    target = target_of(body)
+    return await change_finalizers(
+        memo.api,
+        DISPATCH_JOBS,
+        target.namespace,
+        target.name,
+        with_finalizer(STOP_FINALIZER),
+        known=body,
+    )
 
 
 async def adapter_and_job(
     memo: kopf.Memo, body: kopf.Body, spec: Mapping[str, Any], kwargs: Mapping[str, Any]
 ) -> tuple[Any, JobSpec] | None:
-    """The open adapter and the JobSpec to start; None once an invalid job is refused.
+    """The open adapter and the JobSpec to start; None once an invalid job is refused, or gone.
 
-    While no adapter serves the job, its status says why and kopf retries the handler.
+    While no adapter serves the job, its status says why and kopf retries the handler. The job
+    gets the stop finalizer here, before its start, so a deletion always finds it held.
     """
     target = target_of(body)
     try:
@@ -247,6 +286,8 @@ async def adapter_and_job(
         return None
     adapters = adapters_seen(kwargs)
     adapter = await adapter_to_start(memo, adapters, target.name, target.namespace, target.adapter)
+    if not await held_for_stop(memo, body):
+        return None
     return adapter, job
 
 
@@ -301,33 +342,58 @@ async def hand_over_start(
 
 
 async def start_until_done(memo: kopf.Memo, job: JobSpec, target: Target, logger: Logger) -> None:
-    """A handed-over start: tried until it is started or refused, or the job's deletion ends it.
+    """A handed-over start: tried until it is started or refused, or the job's deletion ends it."""
+
+    async def start(adapter: Any) -> None:
+        await start_and_record(memo, adapter, job, target, logger)
+
+    await tried_until_done(memo, target, f"attempt {job.attempt}'s start", start, logger)
+
+
+# Work tried with the open adapter serving a job; None when the work needs no adapter.
+AdapterWork = Callable[[Any | None], Awaitable[None]]
+
+
+async def tried_until_done(
+    memo: kopf.Memo,
+    target: Target,
+    what: str,
+    work: AdapterWork,
+    logger: Logger,
+    needs_adapter: Callable[[], bool] = lambda: True,
+) -> None:
+    """Handed-over ``work`` tried until it succeeds (or the task is withdrawn).
 
     Nothing is left to kopf's retries: its handler has returned. The adapter is looked up at
-    each try, as the one the job was handed over with may have closed (its settings changed);
-    a start that failed because its adapter closed under it is tried again at once.
+    each try, as the one there at the hand-over may have closed (its settings changed); work
+    that failed because its adapter closed under it is tried again at once, an outcome unknown
+    in 10 s, any other failure in 60 s. While the adapter is not open the work waits for it,
+    unless ``needs_adapter`` says it no longer needs one.
     """
     waiting_said = False
     while True:
-        adapter = await serving_adapter_or_none(memo.registry, target)
-        if adapter is None:
-            if not waiting_said:
-                logger.info("KubeflowAdapter %r is not ready: the start waits", target.adapter)
-            waiting_said = True
-            continue
+        adapter = None
+        if needs_adapter():
+            adapter = await serving_adapter_or_none(memo.registry, target)
+            if adapter is None:
+                if not waiting_said:
+                    logger.info("KubeflowAdapter %r is not ready: %s waits", target.adapter, what)
+                waiting_said = True
+                continue
         try:
-            await start_and_record(memo, adapter, job, target, logger)
+            await work(adapter)
             return
         except ErrOutcomeUnknown as error:
             logger.warning("%s; trying again in %s s", error, RETRY_UNKNOWN)
             delay = RETRY_UNKNOWN
         except Exception:
-            if memo.registry.get(target.namespace, target.adapter) is not adapter:
-                logger.info("KubeflowAdapter %r closed during the start: again", target.adapter)
+            if (
+                adapter is not None
+                and memo.registry.get(target.namespace, target.adapter) is not adapter
+            ):
+                logger.info("KubeflowAdapter %r closed during %s: again", target.adapter, what)
                 continue
-            logger.exception(
-                "starting attempt %s failed; trying again in %s s", job.attempt, RETRY_FAILED
-            )
+            logger.exception("%s failed; trying again in %s s", what, RETRY_FAILED)
             delay = RETRY_FAILED
         await asyncio.sleep(delay)
 
@@ -420,8 +486,103 @@ async def raise_attempt(
     await start_attempt(memo=memo, body=body, **kwargs)
 
 
-@kopf.on.delete(GROUP, VERSION, DISPATCH_JOBS)
-async def stop_job(
+def deletion_held(body: kopf.Body) -> bool:
+    """Deleted, and held by the stop finalizer (a DELETED event still shows the last one)."""
+    return bool(body.metadata.get("deletionTimestamp")) and STOP_FINALIZER in (
+        body.metadata.get("finalizers") or ()
+    )
+
+
+def is_deleted_and_held(type: str | None, body: kopf.Body, **_: Any) -> bool:
+    return type != "DELETED" and deletion_held(body)
+
+
+def is_held_by_kopf_alone(body: kopf.Body, **_: Any) -> bool:
+    """A job made before the stop finalizer: kopf's finalizer holds it, and only that."""
+    finalizers = body.metadata.get("finalizers") or ()
+    return FINALIZER in finalizers and STOP_FINALIZER not in finalizers
+
+
+def is_live_and_held_by_kopf_alone(body: kopf.Body, **kwargs: Any) -> bool:
+    return not body.metadata.get("deletionTimestamp") and is_held_by_kopf_alone(body)
+
+
+@kopf.on.event(GROUP, VERSION, DISPATCH_JOBS, when=is_live_and_held_by_kopf_alone)
+async def take_over_from_kopf(memo: kopf.Memo, body: kopf.Body, **_: Any) -> None:
+    """A job made before the stop finalizer gets it; kopf then takes its own finalizer off.
+
+    Until then kopf's finalizer holds the job, and a deletion is stopped by ``stop_held_job``.
+    """
+    await held_for_stop(memo, body)
+
+
+@kopf.on.event(GROUP, VERSION, DISPATCH_JOBS, when=is_deleted_and_held)
+async def hand_over_stop(
+    body: kopf.Body, status: kopf.Status, memo: kopf.Memo, logger: Logger, **kwargs: Any
+) -> None:
+    """A deleted job's stop, handed over; the stop finalizer holds the job until it is done.
+
+    Each of the job's events while it is deleted comes here: a stop already handed over, or
+    already done for this job (its uid), is not handed over again. After a restart the first
+    listing brings every deleted job still held, so no stop is lost with the operator.
+    """
+    target = target_of(body)
+    uid = str(body.metadata.get("uid"))
+    if uid in stopped_of(memo):
+        return
+    adapters = adapters_seen(kwargs)
+    started = not never_started(status)
+    stops_of(memo).hand_over(
+        target.key, lambda: stop_until_done(memo, target, uid, adapters, started, logger)
+    )
+
+
+def stopped_of(memo: kopf.Memo) -> Ended:
+    """The uids of the jobs this operator has stopped and released."""
+    stopped: Ended = memo.stopped
+    return stopped
+
+
+async def stop_until_done(
+    memo: kopf.Memo,
+    target: Target,
+    uid: str,
+    adapters: AdaptersByName,
+    started: bool,
+    logger: Logger,
+) -> None:
+    """A handed-over stop: tried until nothing of the job is left, then the job released.
+
+    A job that never started and names a KubeflowAdapter that does not exist has nothing to stop
+    and nothing that could stop it: it is released at once rather than waiting for that adapter.
+    """
+    if await starts_of(memo).withdraw(target.key):
+        logger.info("the start of job %s, handed over and not done, was withdrawn", target.name)
+
+    def needs_adapter() -> bool:
+        return started or adapter_exists(adapters, target.namespace, target.adapter)
+
+    async def stop_and_release(adapter: Any | None) -> None:
+        if adapter is None:
+            logger.info("job %s never started and its adapter does not exist", target.name)
+        else:
+            async with stops_of(memo).gate:
+                await adapter.stop_job(target.name)
+            logger.info("job %s stopped: nothing of it is left", target.name)
+        await change_finalizers(
+            memo.api,
+            DISPATCH_JOBS,
+            target.namespace,
+            target.name,
+            without_finalizer(STOP_FINALIZER),
+        )
+        stopped_of(memo).add(uid)
+
+    await tried_until_done(memo, target, "the stop", stop_and_release, logger, needs_adapter)
+
+
+@kopf.on.delete(GROUP, VERSION, DISPATCH_JOBS, when=is_held_by_kopf_alone)
+async def stop_held_job(
     spec: kopf.Spec,
     status: kopf.Status,
     name: str,
@@ -430,12 +591,8 @@ async def stop_job(
     logger: Logger,
     **kwargs: Any,
 ) -> None:
-    """Stop every attempt of the job; the finalizer holds the DispatchJob until it is done.
-
-    A start handed over and not done is withdrawn first, so nothing of it is made afterwards. A
-    job that never started and names a KubeflowAdapter that does not exist has nothing to stop
-    and nothing that could stop it: it goes at once rather than waiting for that adapter forever.
-    """
+    """A job made before the stop finalizer, deleted before it got it: kopf's finalizer holds it
+    until this handler has stopped it, and kopf retries the handler while it cannot."""
     served, name_of_adapter = str(namespace), str(spec.get("adapter"))
     if await starts_of(memo).withdraw((served, name)):
         logger.info("the start of job %s, handed over and not done, was withdrawn", name)

@@ -20,8 +20,8 @@ import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dispatch_kubeflow.constants import GROUP, MERGE_PATCH, VERSION
-from dispatch_kubeflow.kube.apierrors import is_conflict, is_not_found
+from dispatch_kubeflow.constants import GROUP, JSON_PATCH, MERGE_PATCH, VERSION
+from dispatch_kubeflow.kube.apierrors import is_conflict, is_invalid, is_not_found
 from dispatch_kubeflow.kube.connection import (
     CONNECTIONS_PER_CLIENT,
     bound_tls_read_buffers,
@@ -201,3 +201,62 @@ async def update_status(
             if not is_conflict(error):
                 raise
     raise RuntimeError(f"{plural}/{name} in {namespace}: status kept changing under the writer")
+
+
+FinalizersChange = Callable[[list[str]], list[str]]
+
+
+async def change_finalizers(
+    api: client.ApiClient,
+    plural: str,
+    namespace: str,
+    name: str,
+    change: FinalizersChange,
+    known: Mapping[str, Any] | None = None,
+) -> bool:
+    """Write ``change`` of the object's finalizers, guarded by the resourceVersion it was made from.
+
+    ``known`` (the object as a watch event showed it) spares the first read; a conflict, or a
+    changed object, re-reads. Returns False when the object does not exist.
+    """
+    current = known
+    for _ in range(CONFLICT_RETRIES):
+        if current is None:
+            current = await read_object(api, plural, namespace, name)
+            if current is None:
+                return False
+        metadata = current.get("metadata") or {}
+        before = list(metadata.get("finalizers") or ())
+        after = change(before)
+        if after == before:
+            return True
+        ops = [
+            {
+                "op": "test",
+                "path": "/metadata/resourceVersion",
+                "value": metadata["resourceVersion"],
+            },
+            {"op": "add", "path": "/metadata/finalizers", "value": after},
+        ]
+        # The generated stubs do not declare the client's request options.
+        options: dict[str, Any] = {"_content_type": JSON_PATCH}
+        try:
+            await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name, ops, **options
+            )
+            return True
+        except ApiException as error:
+            if is_not_found(error):
+                return False
+            if not (is_conflict(error) or is_invalid(error)):  # a failed test is 422
+                raise
+            current = None
+    raise RuntimeError(f"{plural}/{name} in {namespace}: finalizers kept changing under the writer")
+
+
+def with_finalizer(finalizer: str) -> FinalizersChange:
+    return lambda finalizers: finalizers if finalizer in finalizers else [*finalizers, finalizer]
+
+
+def without_finalizer(finalizer: str) -> FinalizersChange:
+    return lambda finalizers: [each for each in finalizers if each != finalizer]

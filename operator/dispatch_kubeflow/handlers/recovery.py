@@ -29,6 +29,7 @@ from dispatch_kubeflow.clock import SYSTEM_CLOCK, Clock, format_time, parse_time
 from dispatch_kubeflow.constants import (
     DISPATCH_JOBS,
     GROUP,
+    JSON_PATCH,
     VERSION,
     Cause,
     EventType,
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 RECOVERY_KEPT: Final = 20
 RETRY_UNKNOWN: Final = 10.0
-JSON_PATCH: Final = "application/json-patch+json"
 # Failures after which a due decision is tried again later: the outcome is not known.
 RETRIED: Final[tuple[type[BaseException], ...]] = (
     ErrOutcomeUnknown,

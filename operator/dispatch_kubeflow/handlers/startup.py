@@ -19,7 +19,7 @@ import kopf
 
 from dispatch_kubeflow import metrics
 from dispatch_kubeflow.constants import FINALIZER, GROUP
-from dispatch_kubeflow.handlers.jobs import share_starts, starts_of
+from dispatch_kubeflow.handlers.jobs import share_handed_over, starts_of, stops_of
 from dispatch_kubeflow.handlers.kube import connection_info, kopf_session, open_api_client
 from dispatch_kubeflow.handlers.registry import (
     EVENTS_TO_ENV,
@@ -103,7 +103,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.job_events = job_events_choice(os.environ.get(JOB_EVENTS_ENV))
     if "api" not in memo:
         memo.api = await open_api_client()
-    share_starts(memo)
+    share_handed_over(memo)
     serve_metrics(memo)
 
 
@@ -137,6 +137,7 @@ async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.AiohttpSessio
 async def release(memo: kopf.Memo, **_: Any) -> None:
     if "starts" in memo:  # before the API client they use is closed
         await starts_of(memo).close()
+        await stops_of(memo).close()
     api = memo.pop("api", None)
     if api is not None:
         await api.close()

@@ -19,10 +19,11 @@ import pytest
 from kopf._core.reactor.inventory import ResourceMemories
 
 from dispatch_kubeflow import metrics
+from dispatch_kubeflow.constants import STOP_FINALIZER
 from dispatch_kubeflow.errors import OutcomeUnknownError, RuntimeUnsupportedError
 from dispatch_kubeflow.handlers import jobs
+from dispatch_kubeflow.handlers.handover import STARTS_IN_FLIGHT, STOPS_IN_FLIGHT, HandedOver
 from dispatch_kubeflow.handlers.serving import ADAPTERS_BY_NAME, AdapterSighting
-from dispatch_kubeflow.handlers.starts import STARTS_IN_FLIGHT, Starts
 from dispatch_kubeflow.handlers.startup import apply_settings
 from dispatch_kubeflow.trainjob import JobSpec
 
@@ -31,18 +32,34 @@ LOG = logging.getLogger(__name__)
 SIGHTING = AdapterSighting("dispatch-system", "a", NAMESPACE, "True", "Ready", "")
 
 
-class SlowAdapter:
-    """An adapter whose starts take a while (or until released), counting how many run at once."""
+class InFlight:
+    """Calls that take a while (or until released), counting how many run at once."""
 
-    def __init__(self, *, held: bool = False) -> None:
-        self.running = 0
+    def __init__(self, *, held: bool) -> None:
+        self.now = 0
         self.most = 0
-        self.tried: list[str] = []
-        self.started: list[str] = []
-        self.cancelled: list[str] = []
         self.release = asyncio.Event()
         if not held:
             self.release.set()
+
+    async def run(self) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(0.01)
+            await self.release.wait()
+        finally:
+            self.now -= 1
+
+
+class SlowAdapter:
+    """An adapter whose starts take a while (or until released)."""
+
+    def __init__(self, *, held: bool = False) -> None:
+        self.starts = InFlight(held=held)
+        self.tried: list[str] = []
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
         self.failures: list[BaseException] = []
         self.settings = SimpleNamespace(runtimes=[SimpleNamespace(name="torch-distributed")])
 
@@ -50,16 +67,11 @@ class SlowAdapter:
         self.tried.append(job.job_id)
         if self.failures:
             raise self.failures.pop(0)
-        self.running += 1
-        self.most = max(self.most, self.running)
         try:
-            await asyncio.sleep(0.01)
-            await self.release.wait()
+            await self.starts.run()
         except asyncio.CancelledError:
             self.cancelled.append(job.job_id)
             raise
-        finally:
-            self.running -= 1
         self.started.append(job.job_id)
 
 
@@ -72,14 +84,29 @@ class Registry:
 
 
 class Recorded:
-    """``record_start`` and ``kopf.warn``, written down instead of sent."""
+    """``record_start``, ``kopf.warn`` and finalizer writes, written down instead of sent."""
 
     def __init__(self) -> None:
         self.starts: list[tuple[str, int, str | None, Any]] = []
         self.warnings: list[tuple[str, str]] = []
+        self.finalizers: dict[str, list[str]] = {}
+        self.order: list[tuple[str, str]] = []  # ("held" | "released" | "started", job)
+
+    async def change_finalizers(
+        self, _api: Any, _plural: str, _namespace: str, name: str, change: Any, **_: Any
+    ) -> bool:
+        before = self.finalizers.get(name, [])
+        after = change(before)
+        self.finalizers[name] = after
+        if STOP_FINALIZER in after and STOP_FINALIZER not in before:
+            self.order.append(("held", name))
+        if STOP_FINALIZER in before and STOP_FINALIZER not in after:
+            self.order.append(("released", name))
+        return True
 
     async def record_start(self, _api: Any, _namespace: str, name: str, **kwargs: Any) -> None:
         self.starts.append((name, kwargs["attempt"], kwargs["train_job"], kwargs.get("refused")))
+        self.order.append(("started", name))
 
     def warn(self, body: Any, *, reason: str, message: str) -> None:
         self.warnings.append((body["metadata"]["name"], reason))
@@ -89,6 +116,7 @@ class Recorded:
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     recorded = Recorded()
     monkeypatch.setattr(jobs, "record_start", recorded.record_start)
+    monkeypatch.setattr(jobs, "change_finalizers", recorded.change_finalizers)
     monkeypatch.setattr(kopf, "warn", recorded.warn)
     return recorded
 
@@ -98,12 +126,16 @@ class Operator:
 
     def __init__(self, adapter: SlowAdapter) -> None:
         self.memo = kopf.Memo(registry=Registry(adapter), api=None)
-        jobs.share_starts(self.memo)
+        jobs.share_handed_over(self.memo)
         self.memories = ResourceMemories()
 
     @property
-    def starts(self) -> Starts:
+    def starts(self) -> HandedOver:
         return jobs.starts_of(self.memo)
+
+    @property
+    def stops(self) -> HandedOver:
+        return jobs.stops_of(self.memo)
 
     async def job_memo(self, body: kopf.RawBody) -> Any:
         memo: Any = await self.memories.recall_memo(body, memobase=cast(Any, self.memo))
@@ -122,17 +154,21 @@ class Operator:
             **{ADAPTERS_BY_NAME: {}},
         )
 
-    async def delete(self, name: str) -> None:
-        body = job_body(name)
-        await handler(jobs.stop_job)(
-            spec=kopf.Spec(kopf.Body(body)),
+    async def delete(self, name: str, *, status: dict[str, Any] | None = None, **seen: Any) -> None:
+        """Hand the deleted job's stop over, as kopf calls the handler for each of its events."""
+        body = deleted_body(name, status)
+        await handler(jobs.hand_over_stop)(
+            type="MODIFIED",
+            body=kopf.Body(body),
             status=kopf.Status(kopf.Body(body)),
-            name=name,
-            namespace=NAMESPACE,
             memo=await self.job_memo(body),
             logger=LOG,
-            **{ADAPTERS_BY_NAME: {"a": [SIGHTING]}},
+            **{ADAPTERS_BY_NAME: seen.get("adapters", {"a": [SIGHTING]})},
         )
+
+    async def delete_and_wait(self, name: str, **kwargs: Any) -> None:
+        await self.delete(name, **kwargs)
+        await self.stops.join()
 
 
 def handler(decorated: object) -> Any:
@@ -152,12 +188,26 @@ def job_body(name: str, **spec: Any) -> kopf.RawBody:
     )
 
 
+def deleted_body(name: str, status: dict[str, Any] | None = None) -> kopf.RawBody:
+    body = job_body(name)
+    body["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+    body["metadata"]["finalizers"] = [STOP_FINALIZER]
+    if status is not None:
+        body["status"] = status
+    return body
+
+
 class StoppingAdapter(SlowAdapter):
-    def __init__(self, *, held: bool = False) -> None:
+    def __init__(self, *, held: bool = False, stops_held: bool = False) -> None:
         super().__init__(held=held)
+        self.stops = InFlight(held=stops_held)
         self.stopped: list[str] = []
+        self.stop_failures: list[BaseException] = []
 
     async def stop_job(self, job_id: str) -> None:
+        if self.stop_failures:
+            raise self.stop_failures.pop(0)
+        await self.stops.run()
         self.stopped.append(job_id)
 
 
@@ -179,23 +229,118 @@ async def test_a_burst_of_creations_is_handed_over_and_starts_at_most_starts_in_
     assert len(operator.starts) == burst
     assert pending() == pending_before + burst
     await asyncio.sleep(0.05)
-    assert adapter.running == STARTS_IN_FLIGHT
+    assert adapter.starts.now == STARTS_IN_FLIGHT
     assert adapter.started == []
 
-    adapter.release.set()
+    adapter.starts.release.set()
     await operator.starts.join()
     assert sorted(adapter.started) == sorted(f"job{index}" for index in range(burst))
-    assert adapter.most == STARTS_IN_FLIGHT
+    assert adapter.starts.most == STARTS_IN_FLIGHT
     assert len(recorded.starts) == burst
     assert all(train_job == f"{name}-1" for name, _, train_job, _ in recorded.starts)
     assert len(operator.starts) == 0
     assert pending() == pending_before
 
 
-def pending() -> float:
-    value = metrics.REGISTRY.get_sample_value("dispatch_kubeflow_starts_pending")
+def pending(gauge: str = "dispatch_kubeflow_starts_pending") -> float:
+    value = metrics.REGISTRY.get_sample_value(gauge)
     assert value is not None
     return value
+
+
+async def test_a_creation_puts_the_stop_finalizer_on_before_it_starts(recorded: Recorded) -> None:
+    operator = Operator(SlowAdapter())
+    await operator.create("held")
+    await operator.starts.join()
+    assert recorded.order == [("held", "held"), ("started", "held")]
+    assert recorded.finalizers["held"] == [STOP_FINALIZER]
+
+
+async def test_a_burst_of_deletions_is_handed_over_and_stops_at_most_stops_in_flight_at_once(
+    recorded: Recorded,
+) -> None:
+    """Every deletion's handler returns at once; each job is released only once it is stopped."""
+    adapter = StoppingAdapter(stops_held=True)
+    operator = Operator(adapter)
+    operator.memo.registry = StoppingRegistry(adapter)
+    burst = [f"job{index}" for index in range(3 * STOPS_IN_FLIGHT)]
+    for name in burst:
+        recorded.finalizers[name] = [STOP_FINALIZER]
+    pending_before = pending("dispatch_kubeflow_stops_pending")
+
+    await asyncio.gather(*(operator.delete(name) for name in burst))
+    assert len(operator.stops) == len(burst)
+    assert pending("dispatch_kubeflow_stops_pending") == pending_before + len(burst)
+    await asyncio.sleep(0.05)
+    assert adapter.stops.now == STOPS_IN_FLIGHT
+    assert not [entry for entry in recorded.order if entry[0] == "released"]
+
+    adapter.stops.release.set()
+    await operator.stops.join()
+    assert sorted(adapter.stopped) == sorted(burst)
+    assert adapter.stops.most == STOPS_IN_FLIGHT
+    assert all(recorded.finalizers[name] == [] for name in burst)
+    assert pending("dispatch_kubeflow_stops_pending") == pending_before
+
+
+async def test_the_events_of_a_job_already_stopped_do_not_stop_it_again(
+    recorded: Recorded,
+) -> None:
+    """kopf lags behind a burst: the job's events from before its release come after it."""
+    adapter = StoppingAdapter()
+    operator = Operator(adapter)
+    operator.memo.registry = StoppingRegistry(adapter)
+    recorded.finalizers["late"] = [STOP_FINALIZER]
+    await operator.delete("late")
+    await operator.delete("late")  # while its stop is handed over
+    await operator.stops.join()
+    await operator.delete_and_wait("late")  # after it is done
+    assert adapter.stopped == ["late"]
+    assert [entry for entry in recorded.order if entry[0] == "released"] == [("released", "late")]
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_stop_that_fails_is_tried_again_and_holds_the_job_until_it_succeeds(
+    recorded: Recorded,
+) -> None:
+    adapter = StoppingAdapter()
+    adapter.stop_failures = [OutcomeUnknownError("TrainJob/kept-1 remains"), RuntimeError("boom")]
+    operator = Operator(adapter)
+    operator.memo.registry = StoppingRegistry(adapter)
+    recorded.finalizers["kept"] = [STOP_FINALIZER]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await operator.delete("kept")
+    await asyncio.sleep(jobs.RETRY_UNKNOWN + 1)
+    assert recorded.finalizers["kept"] == [STOP_FINALIZER]
+    await operator.stops.join()
+    assert adapter.stopped == ["kept"]
+    assert recorded.finalizers["kept"] == []
+    assert loop.time() - began >= jobs.RETRY_UNKNOWN + jobs.RETRY_FAILED
+
+
+async def test_a_job_never_started_whose_adapter_does_not_exist_is_released_without_a_stop(
+    recorded: Recorded,
+) -> None:
+    adapter = StoppingAdapter()
+    operator = Operator(adapter)
+    recorded.finalizers["orphan"] = [STOP_FINALIZER]
+    await operator.delete_and_wait("orphan", adapters={})
+    assert adapter.stopped == []
+    assert recorded.order == [("released", "orphan")]
+
+
+async def test_closing_the_stops_leaves_each_job_held(recorded: Recorded) -> None:
+    """The next operator's first listing brings the deleted jobs back, still held."""
+    adapter = StoppingAdapter(stops_held=True)
+    operator = Operator(adapter)
+    operator.memo.registry = StoppingRegistry(adapter)
+    recorded.finalizers["held"] = [STOP_FINALIZER]
+    await operator.delete("held")
+    await asyncio.sleep(0.05)
+    await operator.stops.close()
+    assert len(operator.stops) == 0
+    assert recorded.finalizers["held"] == [STOP_FINALIZER]
 
 
 async def test_a_creation_handled_twice_is_started_once(recorded: Recorded) -> None:
@@ -203,7 +348,7 @@ async def test_a_creation_handled_twice_is_started_once(recorded: Recorded) -> N
     operator = Operator(adapter)
     await operator.create("twice")
     await operator.create("twice")
-    adapter.release.set()
+    adapter.starts.release.set()
     await operator.starts.join()
     assert adapter.tried == ["twice"]
     assert [name for name, *_ in recorded.starts] == ["twice"]
@@ -220,18 +365,18 @@ async def test_a_deletion_withdraws_a_queued_start_and_cancels_one_in_flight_bef
         await operator.create(name)
     await asyncio.sleep(0.05)
     in_flight, queued = names[0], names[-1]
-    assert adapter.running == STARTS_IN_FLIGHT
+    assert adapter.starts.now == STARTS_IN_FLIGHT
     assert queued not in adapter.tried
 
-    await operator.delete(queued)
-    await operator.delete(in_flight)
+    await operator.delete_and_wait(queued)
+    await operator.delete_and_wait(in_flight)
     assert adapter.stopped == [queued, in_flight]
     # The in-flight start ended before its job was stopped; the queued one never ran.
     assert adapter.cancelled == [in_flight]
     assert not operator.starts.holds((NAMESPACE, queued))
     assert not operator.starts.holds((NAMESPACE, in_flight))
 
-    adapter.release.set()
+    adapter.starts.release.set()
     await operator.starts.join()
     assert queued not in adapter.tried
     assert sorted(adapter.started) == sorted(names[1:-1])
@@ -258,7 +403,7 @@ async def test_a_raised_attempt_waits_for_the_start_handed_over_before_it(
             logger=LOG,
             **{ADAPTERS_BY_NAME: {}},
         )
-    adapter.release.set()
+    adapter.starts.release.set()
     await operator.starts.join()
     assert adapter.tried == ["raised"]
 
