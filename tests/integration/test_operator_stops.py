@@ -29,6 +29,7 @@ from dispatch_kubeflow.constants import (
     VERSION,
 )
 from dispatch_kubeflow.handlers.handover import STOPS_IN_FLIGHT
+from dispatch_kubeflow.handlers.kube import change_finalizers, with_finalizer, without_finalizer
 from tests.integration.test_operator import (
     MERGE_PATCH,
     Scene,
@@ -250,3 +251,47 @@ async def test_jobs_made_before_the_stop_finalizer_are_taken_over_or_stopped_as_
 
         await delete_jobs(scene, ["kept"])
         await all_gone(scene, ["kept"])
+
+
+async def test_finalizer_writes_lose_no_finalizer_written_meanwhile(
+    scene: Scene, kube_api: client.ApiClient
+) -> None:
+    """The stop finalizer goes on and comes off by JSON patches that test what they assume: a
+    finalizer another writer put on meanwhile stays, and ours comes off where it has moved to."""
+    await scene.create_job("shared")
+    seen = await scene.job("shared")
+    assert seen is not None
+
+    async def finalizers() -> list[str]:
+        body = await scene.job("shared")
+        assert body is not None
+        found: list[str] = body["metadata"].get("finalizers") or []
+        return found
+
+    async def set_finalizers(value: list[str]) -> None:
+        await scene.objects.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            scene.namespace,
+            "dispatchjobs",
+            "shared",
+            {"metadata": {"finalizers": value}},
+            _content_type=MERGE_PATCH,
+        )
+
+    await set_finalizers([HOLD])  # after ``seen``: its resourceVersion is stale
+    where = (kube_api, "dispatchjobs", scene.namespace, "shared")
+    assert await change_finalizers(*where, with_finalizer(STOP_FINALIZER), known=seen)
+    assert await finalizers() == [HOLD, STOP_FINALIZER]
+
+    await set_finalizers(["a.example/first", HOLD, STOP_FINALIZER])  # ours moved from 1 to 2
+    known = {"metadata": {"finalizers": [HOLD, STOP_FINALIZER]}}
+    assert await change_finalizers(*where, without_finalizer(STOP_FINALIZER), known=known)
+    assert await finalizers() == ["a.example/first", HOLD]
+
+    await set_finalizers([])
+    assert await change_finalizers(*where, without_finalizer(STOP_FINALIZER), known=known)
+    await scene.objects.delete_namespaced_custom_object(
+        GROUP, VERSION, scene.namespace, "dispatchjobs", "shared"
+    )
+    assert not await change_finalizers(*where, with_finalizer(STOP_FINALIZER))

@@ -10,7 +10,10 @@ starts are tested as kopf shares them. Retries run on fake loop time (looptime).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import gc
 import logging
+import weakref
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -96,7 +99,13 @@ class Recorded:
         self, _api: Any, _plural: str, _namespace: str, name: str, change: Any, **_: Any
     ) -> bool:
         before = self.finalizers.get(name, [])
-        after = change(before)
+        ops = change({"finalizers": before, "resourceVersion": "1"})
+        after = list(before)
+        for op in ops or ():
+            if op["op"] == "add":
+                after = op["value"]
+            elif op["op"] == "remove":
+                del after[int(op["path"].rsplit("/", 1)[1])]
         self.finalizers[name] = after
         if STOP_FINALIZER in after and STOP_FINALIZER not in before:
             self.order.append(("held", name))
@@ -490,3 +499,39 @@ def test_kopf_skips_events_older_than_its_own_patch_for_up_to_a_minute() -> None
     settings = kopf.OperatorSettings()
     apply_settings(settings)
     assert settings.persistence.consistency_timeout == 60.0
+
+
+class Cause:
+    """What kopf's context holds while a handler runs (its cause: the body, the patch)."""
+
+
+HANDLER_ONLY: contextvars.ContextVar[Cause] = contextvars.ContextVar("handler_only")
+STARTUP_TOO: contextvars.ContextVar[str] = contextvars.ContextVar("startup_too")
+
+
+async def test_handed_over_work_keeps_nothing_of_the_handlers_context() -> None:
+    """Work waiting for its turn must not keep the handler's context (kopf's cause in it), by
+    its task or by its done callback; what kopf set up at startup (its Event posting) stays
+    visible to it."""
+    STARTUP_TOO.set("posting")
+    handed = HandedOver("stop", STOPS_IN_FLIGHT, metrics.STOPS_PENDING)
+    turn = asyncio.Event()
+    seen: list[tuple[Cause | None, str | None]] = []
+
+    async def work() -> None:
+        await turn.wait()
+        seen.append((HANDLER_ONLY.get(None), STARTUP_TOO.get(None)))
+
+    def handler() -> None:
+        HANDLER_ONLY.set(Cause())
+        handed.hand_over((NAMESPACE, "job"), work)
+
+    handlers_context = contextvars.copy_context()
+    handlers_context.run(handler)
+    cause = weakref.ref(handlers_context[HANDLER_ONLY])
+    del handlers_context
+    gc.collect()
+    assert cause() is None, "the waiting work keeps the handler's cause"
+    turn.set()
+    await handed.join()
+    assert seen == [(None, "posting")]

@@ -14,6 +14,7 @@ until the handed-over start has ended.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
@@ -41,15 +42,21 @@ class HandedOver:
         self.gate = asyncio.Semaphore(bound)
         self.pending = pending
         self._tasks: dict[JobKey, asyncio.Task[None]] = {}
+        # Made at the operator's startup: kopf's context there has what posting Kubernetes
+        # Events needs, and none of a handler's (its cause: the body, the patch, the memo), which
+        # a task made in a handler's context, or its done callback, would keep for as long as the
+        # work waits.
+        self._context = contextvars.copy_context()
 
     def hand_over(self, key: JobKey, work: Callable[[], Coroutine[Any, Any, None]]) -> bool:
         """Run ``work`` as the job's task; False, running nothing, if one is already there."""
         if key in self._tasks:
             return False
-        task = asyncio.create_task(work(), name=f"{self.what} of DispatchJob {key[0]}/{key[1]}")
+        name = f"{self.what} of DispatchJob {key[0]}/{key[1]}"
+        task = asyncio.create_task(work(), name=name, context=self._context.copy())
         self._tasks[key] = task
         self.pending.inc()
-        task.add_done_callback(lambda done: self._forget(key, done))
+        task.add_done_callback(lambda done: self._forget(key, done), context=self._context)
         return True
 
     def holds(self, key: JobKey) -> bool:

@@ -532,8 +532,10 @@ async def hand_over_stop(
         return
     adapters = adapters_seen(kwargs)
     started = not never_started(status)
+    finalizers = list(body.metadata.get("finalizers") or ())
     stops_of(memo).hand_over(
-        target.key, lambda: stop_until_done(memo, target, uid, adapters, started, logger)
+        target.key,
+        lambda: stop_until_done(memo, target, uid, finalizers, adapters, started, logger),
     )
 
 
@@ -547,11 +549,14 @@ async def stop_until_done(
     memo: kopf.Memo,
     target: Target,
     uid: str,
+    finalizers: list[str],
     adapters: AdaptersByName,
     started: bool,
     logger: Logger,
 ) -> None:
     """A handed-over stop: tried until nothing of the job is left, then the job released.
+
+    ``finalizers`` are the job's as its deletion showed them: where the stop finalizer was.
 
     A job that never started and names a KubeflowAdapter that does not exist has nothing to stop
     and nothing that could stop it: it is released at once rather than waiting for that adapter.
@@ -575,6 +580,7 @@ async def stop_until_done(
             target.namespace,
             target.name,
             without_finalizer(STOP_FINALIZER),
+            known={"metadata": {"finalizers": finalizers}},
         )
         stopped_of(memo).add(uid)
 

@@ -203,7 +203,9 @@ async def update_status(
     raise RuntimeError(f"{plural}/{name} in {namespace}: status kept changing under the writer")
 
 
-FinalizersChange = Callable[[list[str]], list[str]]
+# The JSON patch that makes a change of an object's finalizers, from the object's metadata as
+# known; None when the finalizers already are as wanted.
+FinalizersChange = Callable[[Mapping[str, Any]], list[dict[str, Any]] | None]
 
 
 async def change_finalizers(
@@ -214,10 +216,10 @@ async def change_finalizers(
     change: FinalizersChange,
     known: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Write ``change`` of the object's finalizers, guarded by the resourceVersion it was made from.
+    """Write ``change`` of the object's finalizers as a JSON patch that tests what it assumes.
 
-    ``known`` (the object as a watch event showed it) spares the first read; a conflict, or a
-    changed object, re-reads. Returns False when the object does not exist.
+    ``known`` (the object as a watch event showed it) spares the first read; when the patch's
+    test fails (the object changed), it re-reads. Returns False when the object does not exist.
     """
     current = known
     for _ in range(CONFLICT_RETRIES):
@@ -225,19 +227,9 @@ async def change_finalizers(
             current = await read_object(api, plural, namespace, name)
             if current is None:
                 return False
-        metadata = current.get("metadata") or {}
-        before = list(metadata.get("finalizers") or ())
-        after = change(before)
-        if after == before:
+        ops = change(current.get("metadata") or {})
+        if ops is None:
             return True
-        ops = [
-            {
-                "op": "test",
-                "path": "/metadata/resourceVersion",
-                "value": metadata["resourceVersion"],
-            },
-            {"op": "add", "path": "/metadata/finalizers", "value": after},
-        ]
         # The generated stubs do not declare the client's request options.
         options: dict[str, Any] = {"_content_type": JSON_PATCH}
         try:
@@ -255,8 +247,30 @@ async def change_finalizers(
 
 
 def with_finalizer(finalizer: str) -> FinalizersChange:
-    return lambda finalizers: finalizers if finalizer in finalizers else [*finalizers, finalizer]
+    """Add ``finalizer``, if the object is still the version known (no other write is lost)."""
+
+    def change(metadata: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        finalizers = list(metadata.get("finalizers") or ())
+        if finalizer in finalizers:
+            return None
+        version = metadata.get("resourceVersion")
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "add", "path": "/metadata/finalizers", "value": [*finalizers, finalizer]},
+        ]
+
+    return change
 
 
 def without_finalizer(finalizer: str) -> FinalizersChange:
-    return lambda finalizers: [each for each in finalizers if each != finalizer]
+    """Remove ``finalizer`` where it was known to be, if it still is: no resourceVersion is
+    needed, so writes of the status meanwhile cost no read."""
+
+    def change(metadata: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        finalizers = list(metadata.get("finalizers") or ())
+        if finalizer not in finalizers:
+            return None
+        where = f"/metadata/finalizers/{finalizers.index(finalizer)}"
+        return [{"op": "test", "path": where, "value": finalizer}, {"op": "remove", "path": where}]
+
+    return change
