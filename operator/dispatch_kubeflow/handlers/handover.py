@@ -31,6 +31,22 @@ STARTS_IN_FLIGHT: Final = 20
 STOPS_IN_FLIGHT: Final = 20
 
 
+# What of a kopf handler's context work handed over needs: where ``kopf.event``, ``kopf.warn`` and
+# the object loggers post Kubernetes Events (kopf sets these for each object before its handlers
+# run). The rest is the handler's invocation, its cause among it (the body, the patch, the memo),
+# which a task made in that context, or its done callback, would keep while the work waits.
+POSTING_VARS: Final = frozenset({"settings_var", "event_queue_var", "event_queue_loop_var"})
+
+
+def posting_context() -> contextvars.Context:
+    """A context holding only kopf's posting variables, as the current context has them."""
+    kept = contextvars.Context()
+    for var, value in contextvars.copy_context().items():
+        if var.name in POSTING_VARS:
+            kept.run(var.set, value)
+    return kept
+
+
 class HandedOver:
     """Handed-over work by DispatchJob, and the bound in flight it all shares.
 
@@ -42,21 +58,17 @@ class HandedOver:
         self.gate = asyncio.Semaphore(bound)
         self.pending = pending
         self._tasks: dict[JobKey, asyncio.Task[None]] = {}
-        # Made at the operator's startup: kopf's context there has what posting Kubernetes
-        # Events needs, and none of a handler's (its cause: the body, the patch, the memo), which
-        # a task made in a handler's context, or its done callback, would keep for as long as the
-        # work waits.
-        self._context = contextvars.copy_context()
 
     def hand_over(self, key: JobKey, work: Callable[[], Coroutine[Any, Any, None]]) -> bool:
         """Run ``work`` as the job's task; False, running nothing, if one is already there."""
         if key in self._tasks:
             return False
         name = f"{self.what} of DispatchJob {key[0]}/{key[1]}"
-        task = asyncio.create_task(work(), name=name, context=self._context.copy())
+        context = posting_context()
+        task = asyncio.create_task(work(), name=name, context=context)
         self._tasks[key] = task
         self.pending.inc()
-        task.add_done_callback(lambda done: self._forget(key, done), context=self._context)
+        task.add_done_callback(lambda done: self._forget(key, done), context=context)
         return True
 
     def holds(self, key: JobKey) -> bool:
