@@ -28,9 +28,11 @@ from dispatch_kubeflow.constants import (
     TRAINJOBS,
     VERSION,
 )
-from dispatch_kubeflow.handlers.handover import STOPS_IN_FLIGHT
+from dispatch_kubeflow.handlers.handover import STARTS_IN_FLIGHT, STOPS_IN_FLIGHT
 from dispatch_kubeflow.handlers.kube import change_finalizers, with_finalizer, without_finalizer
+from tests.integration.test_adapter import garbage_collector
 from tests.integration.test_operator import (
+    ADAPTER,
     MERGE_PATCH,
     Scene,
     eventually,
@@ -41,8 +43,10 @@ from tests.integration.test_operator import (
     scene,
     scrape,
 )
+from tests.integration.test_operator_starts import kueue_adapter, starts_in_flight_full
 
-__all__ = ["operator", "operator_memo", "scene"]  # fixtures used by the tests below
+# fixtures used by the tests below
+__all__ = ["garbage_collector", "operator", "operator_memo", "scene"]
 
 HOLD = "test.dispatch.example/hold"
 # Long enough that a held stop stays in flight for the whole test.
@@ -295,3 +299,34 @@ async def test_finalizer_writes_lose_no_finalizer_written_meanwhile(
         GROUP, VERSION, scene.namespace, "dispatchjobs", "shared"
     )
     assert not await change_finalizers(*where, with_finalizer(STOP_FINALIZER))
+
+
+async def test_a_queued_job_whose_adapter_was_deleted_is_released_without_a_stop(
+    garbage_collector: None, scene: Scene, kube_api: client.ApiClient, operator: Path
+) -> None:
+    """A job held by the stop finalizer whose start never ran, and whose KubeflowAdapter is gone:
+    nothing of it exists and nothing could stop it, so its deletion releases it at once."""
+    await kueue_adapter(scene, kube_api)
+    burst = [f"queued{index}" for index in range(STARTS_IN_FLIGHT + 1)]
+    await asyncio.gather(*(scene.create_job(name) for name in burst))
+    in_flight = await starts_in_flight_full(scene)
+    queued = next(name for name in burst if f"{name}-1" not in in_flight)
+
+    async def held() -> bool:
+        body = await scene.job(queued)
+        return body is not None and body["metadata"].get("finalizers") == [STOP_FINALIZER]
+
+    await eventually(held, f"the queued job {queued} to carry the stop finalizer")
+    await scene.objects.delete_namespaced_custom_object(
+        GROUP, VERSION, scene.namespace, "kubeflowadapters", ADAPTER
+    )
+
+    async def adapter_gone() -> bool:
+        listed = await scene.objects.list_namespaced_custom_object(
+            GROUP, VERSION, scene.namespace, "kubeflowadapters"
+        )
+        return not listed["items"]
+
+    await eventually(adapter_gone, "the KubeflowAdapter to go")
+    await delete_jobs(scene, [queued])
+    await all_gone(scene, [queued])
