@@ -104,7 +104,9 @@ rules:
 
 class AuditedControlPlane(ControlPlane):
     """The test control plane, logging every request of ``OPERATOR_USER`` and the admin's
-    patches (metadata only)."""
+    patches (metadata only); with ``profiling``, kube-apiserver serves ``/debug/pprof``."""
+
+    profiling = False
 
     @property
     def audit_log(self) -> Path:
@@ -120,14 +122,39 @@ class AuditedControlPlane(ControlPlane):
             "--audit-log-format=json",
             # Rotated away at its default of 100 MB, a long run's early requests went uncounted.
             "--audit-log-maxsize=100000",
+            # The later of a repeated flag wins.
+            *(["--profiling=true"] if self.profiling else []),
         ]
+
+    def cpu_seconds(self, name: str) -> float:
+        """CPU seconds ``name`` (etcd, kube-apiserver) has used so far."""
+        return process_cpu_seconds(self.processes.pids[name])
+
+    def record_profile(self, seconds: int, output: Path) -> subprocess.Popen[bytes]:
+        """kube-apiserver's CPU profile over the next ``seconds``, written to ``output``."""
+        with output.open("wb") as out:
+            return subprocess.Popen(
+                [
+                    str(self.bin_dir / "kubectl"),
+                    f"--kubeconfig={self.kubeconfig}",
+                    *("get", "--raw", f"/debug/pprof/profile?seconds={seconds}"),
+                ],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+            )
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
-def control_plane() -> Iterator[AuditedControlPlane]:
+def control_plane(profiling: bool = False) -> Iterator[AuditedControlPlane]:
     binaries.build()
     with tempfile.TemporaryDirectory(prefix="control-plane-") as run_dir:
         plane = AuditedControlPlane(Path(run_dir))
+        plane.profiling = profiling
         (plane.run_dir / "logs").mkdir(parents=True)
         plane.start()
         try:
@@ -342,8 +369,7 @@ class Operator:
         return round(self._status("VmRSS") / 1024, 1)
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -532,6 +558,8 @@ class Run:
         self.peak_rss_through_creation = 0.0
         self.transition_cpu = 0.0
         self.create_seconds = 0.0
+        # CPU seconds over the creations, by process.
+        self.create_cpu: Counter[str] = Counter()
         self.delete_seconds = 0.0
         self.duplicates = 0
         self.undeleted = 0
@@ -551,9 +579,14 @@ class Run:
             for round_ in range(self.args.rounds):
                 names = [f"r{round_}-job{i:05d}" for i in range(self.args.jobs)]
                 profiler = self.profiler(operator, "creation") if round_ == 0 else None
+                apiserver_profile = self.apiserver_profiler("creation") if round_ == 0 else None
+                cpu = self.cpu_seconds(operator)
                 await self.create(cluster, names, events)
+                self.create_cpu.update(self.cpu_seconds(operator) - cpu)
                 if profiler is not None:
                     profiler.stop()
+                if apiserver_profile is not None:
+                    apiserver_profile.wait(120)
                 await player.settled([f"{name}-1" for name in names])
                 if round_ == 0:
                     self.peak_rss_through_creation = operator.peak_rss_mib()
@@ -636,6 +669,23 @@ class Run:
             return None
         self.args.profile.mkdir(parents=True, exist_ok=True)
         return Profiler(operator.process.pid, self.args.profile / f"{phase}.txt")
+
+    def apiserver_profiler(self, phase: str) -> subprocess.Popen[bytes] | None:
+        """With ``--profile``, kube-apiserver's CPU profile over the phase's first 20 s."""
+        if not self.args.profile:
+            return None
+        self.args.profile.mkdir(parents=True, exist_ok=True)
+        return self.plane.record_profile(20, self.args.profile / f"apiserver-{phase}.pprof")
+
+    def cpu_seconds(self, operator: Operator) -> Counter[str]:
+        return Counter(
+            {
+                "operator": operator.cpu_seconds(),
+                "kube-apiserver": self.plane.cpu_seconds("kube-apiserver"),
+                "etcd": self.plane.cpu_seconds("etcd"),
+                "benchmark": process_cpu_seconds(os.getpid()),
+            }
+        )
 
     async def count_duplicates(self, api: client.ApiClient) -> None:
         """Event types shown twice in one DispatchJob's history (each must show once)."""
@@ -783,7 +833,11 @@ def main() -> int:
     parser.add_argument(
         "--keep", action="store_true", help="leave the DispatchJobs: no deletion phase, one round"
     )
-    parser.add_argument("--profile", type=Path, help="record py-spy's raw stacks here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record the operator's py-spy stacks and kube-apiserver's CPU profile here",
+    )
     parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
     parser.add_argument(
@@ -797,7 +851,7 @@ def main() -> int:
         parser.error("--keep runs one round")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     context = multiprocessing.get_context("spawn")
-    with control_plane() as plane:
+    with control_plane(profiling=args.profile is not None) as plane:
         asyncio.run(prepare(plane.kubeconfig, args.namespace))
         admin = str(plane.kubeconfig)
         floor_out, floor_ready = context.Queue(), context.Event()
@@ -840,6 +894,10 @@ def main() -> int:
             "job_events": args.job_events,
             "create_seconds": round(run.create_seconds, 1),
             "starts_per_second": round(args.jobs * args.rounds / run.create_seconds, 1),
+            "creation_cpu_ms_per_start": {
+                name: round(1000 * seconds / (args.jobs * args.rounds), 1)
+                for name, seconds in run.create_cpu.items()
+            },
             "transition_seconds": round(sum(b - a for a, b in run.marks["transition"]), 1),
             "delete_seconds": None if args.keep else round(run.delete_seconds, 1),
             "still_there_when_deletion_gave_up": run.undeleted,
