@@ -18,13 +18,13 @@ from kubernetes_asyncio import client
 from dispatch_kubeflow.constants import (
     GROUP,
     LABEL_JOB,
+    STOP_FINALIZER,
     TRAINER_GROUP,
     TRAINER_VERSION,
     TRAINJOBS,
     VERSION,
 )
 from dispatch_kubeflow.handlers.handover import STARTS_IN_FLIGHT
-from dispatch_kubeflow.handlers.startup import DIFFBASE_KEY
 from tests.integration.test_adapter import create_local_queue, garbage_collector, kueue_stand_in
 from tests.integration.test_operator import (
     ADAPTER,
@@ -200,10 +200,9 @@ async def test_a_burst_of_creations_starts_at_most_starts_in_flight_at_once(
     assert sorted(await made(scene)) == sorted(f"{name}-1" for name in burst)
 
 
-def creation_handled(body: dict[str, Any] | None) -> bool:
-    """Whether kopf has marked the DispatchJob's creation handled (its last-handled spec)."""
-    annotations = ((body or {}).get("metadata") or {}).get("annotations") or {}
-    return f"{GROUP}/{DIFFBASE_KEY}" in annotations
+def handed_over(body: dict[str, Any] | None) -> bool:
+    """Whether the DispatchJob's start is handed over: the stop finalizer goes on just before."""
+    return STOP_FINALIZER in (((body or {}).get("metadata") or {}).get("finalizers") or [])
 
 
 async def test_starts_queued_when_the_operator_stops_are_made_by_the_next_one(
@@ -213,9 +212,9 @@ async def test_starts_queued_when_the_operator_stops_are_made_by_the_next_one(
     kube_api: client.ApiClient,
     tmp_path: Path,
 ) -> None:
-    """kopf counts a creation handled once its start is handed over; the start itself is not
-    kept anywhere but in the operator. The next operator finds the jobs never started by their
-    status and starts them, each once (the starts that were in flight made their TrainJobs)."""
+    """A start handed over is kept nowhere but in the operator, and kopf writes nothing to mark
+    the creation handled. The next operator finds the jobs never started by their status and
+    starts them, each once (the starts that were in flight made their TrainJobs)."""
     events = tmp_path / "events.jsonl"
     burst = [f"queued{index}" for index in range(STARTS_IN_FLIGHT + 10)]
     async with running_operator(cluster.kubeconfig, [scene.namespace], events):
@@ -225,9 +224,9 @@ async def test_starts_queued_when_the_operator_stops_are_made_by_the_next_one(
 
         async def all_handed_over() -> bool:
             bodies = [await scene.job(name) for name in burst]
-            return all(creation_handled(body) for body in bodies)
+            return all(handed_over(body) for body in bodies)
 
-        await eventually(all_handed_over, "kopf to count every creation handled")
+        await eventually(all_handed_over, "every start handed over")
 
     never = [name for name in burst if f"{name}-1" not in in_flight]
     assert len(never) == 10

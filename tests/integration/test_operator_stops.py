@@ -153,11 +153,20 @@ async def ready_plain_adapter(scene: Scene) -> None:
 
 
 async def test_a_started_job_carries_the_stop_finalizer_alone(scene: Scene, operator: Path) -> None:
-    """kopf's finalizer is not on a DispatchJob; the operator's own holds it from its start."""
+    """kopf's finalizer is not on a DispatchJob; the operator's own holds it from its start.
+    kopf writes nothing to it either: the stop finalizer is the one write of its metadata."""
     await ready_plain_adapter(scene)
     await scene.create_job("held")
     started = await scene.job_in_state("held", "Pending")
     assert started["metadata"]["finalizers"] == [STOP_FINALIZER]
+    annotations = started["metadata"].get("annotations") or {}
+    assert not [key for key in annotations if key.startswith(f"{GROUP}/")]
+    written = [
+        (entry["manager"], entry.get("subresource"), sorted(entry["fieldsV1"]["f:metadata"]))
+        for entry in started["metadata"]["managedFields"]
+        if "f:metadata" in entry["fieldsV1"]
+    ]
+    assert written == [("OpenAPI-Generator", None, ["f:finalizers"])]
 
 
 async def test_a_burst_of_deletions_stops_at_most_stops_in_flight_at_once(

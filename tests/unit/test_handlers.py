@@ -28,10 +28,16 @@ from dispatch_kubeflow.handlers.adapters import (
     ready_status,
     watch_blocked_status,
 )
+from dispatch_kubeflow.handlers.bookkeeping import (
+    DIFFBASE_KEY,
+    DispatchJobDiffBase,
+    ProgressStorage,
+    SpecDiffBaseStorage,
+)
 from dispatch_kubeflow.handlers.jobs import job_spec
 from dispatch_kubeflow.handlers.registry import job_events_choice
 from dispatch_kubeflow.handlers.reported import event_kind, event_message
-from dispatch_kubeflow.handlers.startup import DIFFBASE_KEY, SpecDiffBaseStorage, apply_settings
+from dispatch_kubeflow.handlers.startup import apply_settings
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 SPEC: dict[str, Any] = {
@@ -250,7 +256,7 @@ def test_kopf_bookkeeping_uses_the_project_prefix_and_finalizer() -> None:
     progress = settings.persistence.progress_storage
     diffbase = settings.persistence.diffbase_storage
     assert isinstance(progress, kopf.AnnotationsProgressStorage)
-    assert isinstance(diffbase, SpecDiffBaseStorage)
+    assert isinstance(diffbase, DispatchJobDiffBase)
     assert progress.prefix == GROUP
     assert diffbase.prefix == GROUP
     assert settings.peering.standalone is True
@@ -315,6 +321,139 @@ def test_the_lean_diffbase_builds_the_essence_kopf_builds(
     assert lean.build(body=wrapped, extra_fields=fields) == kopfs.build(
         body=wrapped, extra_fields=fields
     )
+
+
+def dispatch_job(
+    spec: dict[str, Any],
+    status: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+    uid: str = "u1",
+    **metadata: Any,
+) -> kopf.Body:
+    body = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "DispatchJob",
+        "metadata": {"name": "a", "uid": uid, "annotations": annotations or {}, **metadata},
+        "spec": {"adapter": "ad", "image": "i:1", **spec},
+        "status": status or {},
+    }
+    return kopf.Body(cast(kopf.RawBody, body))
+
+
+def handled(diffbase: DispatchJobDiffBase, body: kopf.Body) -> kopf.Patch:
+    """kopf marking the current spec handled; the patch it would write."""
+    patch = kopf.Patch()
+    diffbase.store(body=body, patch=patch, essence=diffbase.build(body=body))
+    return patch
+
+
+def test_a_job_never_started_has_no_diffbase_and_its_creation_writes_none() -> None:
+    diffbase = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)
+    created = dispatch_job({"attempt": 1})
+    assert diffbase.fetch(body=created) is None  # kopf: a creation
+    assert not handled(diffbase, created)  # nothing to write
+    # Later events, before the status shows the start: nothing changed.
+    assert diffbase.fetch(body=created) == diffbase.build(body=created)
+    started = dispatch_job({"attempt": 1}, {"attempt": 1, "trainJob": "a-1"})
+    assert diffbase.fetch(body=started) == diffbase.build(body=started)
+    assert len(diffbase) == 0  # the status tells it now
+
+
+def test_a_started_job_is_unchanged_after_a_restart_and_a_raised_attempt_is_an_update() -> None:
+    diffbase = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)  # a new process
+    started = dispatch_job({}, {"attempt": 1})
+    assert diffbase.fetch(body=started) == diffbase.build(body=started)
+    raised = dispatch_job({"attempt": 2}, {"attempt": 1, "state": "Failed"})
+    old = diffbase.fetch(body=raised)
+    assert old is not None
+    assert old["spec"]["attempt"] == 1
+    assert {**old["spec"], "attempt": 2} == diffbase.build(body=raised)["spec"]
+    assert not handled(diffbase, raised)
+    assert diffbase.fetch(body=raised) == diffbase.build(body=raised)  # handed over
+    recorded = dispatch_job({"attempt": 2}, {"attempt": 2})
+    assert diffbase.fetch(body=recorded) == diffbase.build(body=recorded)
+    assert len(diffbase) == 0
+
+
+def test_a_job_reported_without_an_attempt_counts_as_started() -> None:
+    diffbase = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)
+    reported = dispatch_job({"attempt": 3}, {"reported": {"3": "{}"}})
+    assert diffbase.fetch(body=reported) == diffbase.build(body=reported)
+
+
+def test_readmit_and_reject_are_updates_and_once_handled_kept_in_the_annotation() -> None:
+    diffbase = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)
+    readmitted = dispatch_job({"readmit": 1}, {"attempt": 1})
+    old = diffbase.fetch(body=readmitted)
+    assert old is not None
+    assert "readmit" not in old["spec"]
+    patch = handled(diffbase, readmitted)
+    written = patch["metadata"]["annotations"][f"{GROUP}/{DIFFBASE_KEY}"]
+    annotated = dispatch_job(
+        {"readmit": 1}, {"attempt": 1}, annotations={f"{GROUP}/{DIFFBASE_KEY}": written}
+    )
+    assert diffbase.fetch(body=annotated) == diffbase.build(body=annotated)
+    rejected = dispatch_job(
+        {"readmit": 1, "reject": "no"},
+        {"attempt": 1},
+        annotations={f"{GROUP}/{DIFFBASE_KEY}": written},
+    )
+    old = diffbase.fetch(body=rejected)
+    assert old is not None
+    assert "reject" not in old["spec"]
+    assert handled(diffbase, rejected)  # the annotation, kept as kopf keeps it
+
+
+def test_a_job_with_kopfs_annotation_and_other_kinds_keep_the_annotation() -> None:
+    diffbase = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)
+    essence = '{"spec":{"adapter":"ad","attempt":1,"image":"i:1"}}'
+    legacy = dispatch_job({"attempt": 2}, {}, annotations={f"{GROUP}/{DIFFBASE_KEY}": essence})
+    old = diffbase.fetch(body=legacy)
+    assert old is not None
+    assert old["spec"]["attempt"] == 1
+    assert handled(diffbase, legacy)
+    adapter = kopf.Body(
+        cast(
+            kopf.RawBody,
+            {
+                "apiVersion": f"{GROUP}/v1alpha1",
+                "kind": "KubeflowAdapter",
+                "metadata": {"name": "ad", "uid": "u2"},
+                "spec": {"namespace": "n"},
+            },
+        )
+    )
+    assert diffbase.fetch(body=adapter) is None
+    assert handled(diffbase, adapter)
+
+
+def test_handed_over_attempts_are_forgotten_once_deleted_or_beyond_the_limit() -> None:
+    diffbase = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY, kept=2)
+    for uid in ("u1", "u2", "u3"):
+        handled(diffbase, dispatch_job({}, uid=uid))
+    assert len(diffbase) == 2
+    assert diffbase.fetch(body=dispatch_job({}, uid="u1")) is None  # forgotten: the oldest
+    deleted = dispatch_job({}, uid="u2", deletionTimestamp="2026-01-01T00:00:00Z")
+    assert diffbase.fetch(body=deleted) is not None
+    assert len(diffbase) == 1
+
+
+def test_kopfs_marker_is_written_with_progress_and_never_alone() -> None:
+    progress = ProgressStorage(prefix=GROUP)
+    body = dispatch_job({})
+    done = kopf.Patch()
+    progress.store(key=kopf.HandlerId("start_job"), record={"success": True}, body=body, patch=done)
+    progress.purge(key=kopf.HandlerId("start_job"), body=body, patch=done)
+    assert not done  # handled at once: nothing to write
+    retried = kopf.Patch()
+    progress.store(key=kopf.HandlerId("start_job"), record={"retries": 1}, body=body, patch=retried)
+    assert retried["metadata"]["annotations"][f"{GROUP}/kopf-managed"] == "yes"
+    marked = dispatch_job(
+        {}, annotations={f"{GROUP}/kopf-managed": "yes", f"{GROUP}/start_job": "{}"}
+    )
+    purged = kopf.Patch()
+    progress.purge(key=kopf.HandlerId("start_job"), body=marked, patch=purged)
+    assert purged == {"metadata": {"annotations": {f"{GROUP}/start_job": None}}}
 
 
 def test_run_command_parses_its_options() -> None:

@@ -12,13 +12,17 @@ plain ``kopf run``. The served endpoint's port is put back in the memo as ``metr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import kopf
 
 from dispatch_kubeflow import metrics
 from dispatch_kubeflow.constants import FINALIZER, GROUP
+from dispatch_kubeflow.handlers.bookkeeping import (
+    DIFFBASE_KEY,
+    DispatchJobDiffBase,
+    ProgressStorage,
+)
 from dispatch_kubeflow.handlers.jobs import share_handed_over, starts_of, stops_of
 from dispatch_kubeflow.handlers.kube import connection_info, kopf_session, open_api_client
 from dispatch_kubeflow.handlers.registry import (
@@ -29,7 +33,6 @@ from dispatch_kubeflow.handlers.registry import (
     job_events_choice,
 )
 
-DIFFBASE_KEY: Final = "last-handled-configuration"
 METRICS_ADDRESS_ENV: Final = "DISPATCH_KUBEFLOW_METRICS_ADDRESS"
 # A watch request ends server-side before the client gives up on it, so kopf re-watches cleanly.
 WATCH_SERVER_TIMEOUT: Final = 300
@@ -38,51 +41,16 @@ CONNECT_TIMEOUT: Final = 30
 REQUEST_TIMEOUT: Final = 60
 # How long kopf skips the events older than its own last patch of an object. kopf's default (5 s)
 # is shorter than its watch can lag behind a burst of thousands of DispatchJobs: an event from
-# before the patch that marked the creation handled then arrives later, and the creation is
-# handled (the attempt started) a second time.
+# before the patch that marked a change handled (in kopf's annotation) then arrives later, and
+# the change is handled a second time.
 CONSISTENCY_TIMEOUT: Final = 60.0
-
-
-class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's annotation diff-base, built without first deep-copying what it then drops.
-
-    kopf builds the essence it compares on every watch event by deep-copying the whole body and
-    then deleting the status and the metadata. A DispatchJob's status and managedFields are
-    most of it and change with every transition, so the copy is made of the rest only; the
-    essence is the same (the spec and whatever else sits at the top, the labels and
-    annotations).
-    """
-
-    def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
-    ) -> kopf.BodyEssence:
-        fields = list(extra_fields or ())
-        if any(_outside_lean(field) for field in fields):
-            return super().build(body=body, extra_fields=fields)
-        metadata = body.get("metadata") or {}
-        lean: dict[str, Any] = {k: v for k, v in body.items() if k not in ("metadata", "status")}
-        lean["metadata"] = {k: metadata[k] for k in LEAN_METADATA if k in metadata}
-        return super().build(body=kopf.Body(cast(kopf.RawBody, lean)), extra_fields=fields)
-
-
-LEAN_METADATA: Final = ("labels", "annotations")
-
-
-def _outside_lean(field: Any) -> bool:
-    """A handler's field (``spec.attempt``) the lean body does not carry: status, most metadata."""
-    path = tuple(field.split(".")) if isinstance(field, str) else tuple(field or ())
-    if not path:
-        return True
-    if path[0] == "status":
-        return True
-    return path[0] == "metadata" and (len(path) < 2 or path[1] not in LEAN_METADATA)
 
 
 def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = SpecDiffBaseStorage(prefix=GROUP, key=DIFFBASE_KEY)
+    settings.persistence.progress_storage = ProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     settings.watching.connect_timeout = CONNECT_TIMEOUT
