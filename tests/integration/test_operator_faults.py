@@ -18,6 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.constants import GROUP, STATUS_REPORTED, VERSION
 from dispatch_kubeflow.events import DispatchEvent, Evidence
+from dispatch_kubeflow.handlers.jobs import record_start
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.handlers.status import STATUS_LIMIT
 from dispatch_kubeflow.reporting import ReportedRecord
@@ -177,6 +178,40 @@ async def test_item2_a_transition_is_one_status_write_and_no_read(scene: Scene) 
         assert status["state"] == "Running"
         assert status[STATUS_REPORTED]["1"] == steps[-1][0].to_json()
         assert condition(body, "Running")["status"] == "True"  # type: ignore[index]
+    finally:
+        await store.close()
+
+
+async def test_item2_a_start_recorded_as_the_first_transition_commits_reads_nothing(
+    scene: Scene,
+) -> None:
+    """The start is recorded through the store while it commits the job's first transition:
+    the two writes go one after the other, the second from what the first wrote, so neither
+    conflicts nor reads; both show."""
+    await scene.create_job("raced")
+    store = DispatchJobStatusStore(scene.api, scene.namespace, ADAPTER)
+    try:
+        assert await store.load("raced", 1) is None
+        listed = store.requests
+        await asyncio.gather(
+            store.commit(
+                "raced",
+                1,
+                ReportedRecord(submitted=True),
+                [transition("raced", "Submitted", "Pending")],
+            ),
+            record_start(
+                scene.api, scene.namespace, "raced", attempt=1, train_job="raced-1", store=store
+            ),
+        )
+        assert store.writes == 2
+        assert store.requests - listed == 2
+        body = await scene.job("raced")
+        assert body is not None
+        assert body["status"]["trainJob"] == "raced-1"
+        assert body["status"]["attempt"] == 1
+        assert [e["type"] for e in body["status"]["events"]] == ["Submitted"]
+        assert len(store._writing) == 0
     finally:
         await store.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from typing import Any
@@ -12,6 +13,7 @@ from dispatch_kubeflow.handlers.adapters import AdapterSession
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import (
     DispatchJobStatusStore,
+    KeyedLocks,
     record_patch,
     records_of,
     slim,
@@ -138,3 +140,20 @@ def test_the_operator_opens_its_adapters_with_the_dispatchjob_store() -> None:
     assert isinstance(config.store, DispatchJobStatusStore)
     assert isinstance(config.store, ListingReportStore)
     assert config.adapter_name == "adapter"
+
+
+async def test_one_keys_holders_go_one_at_a_time_and_other_keys_beside_them() -> None:
+    locks = KeyedLocks()
+    order: list[str] = []
+
+    async def hold(key: str, name: str) -> None:
+        async with locks.hold(key):
+            order.append(f"{name} in")
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            order.append(f"{name} out")
+
+    await asyncio.gather(hold("a", "a1"), hold("a", "a2"), hold("b", "b1"))
+    assert order.index("a1 out") < order.index("a2 in")
+    assert order.index("b1 in") < order.index("a1 out")
+    assert len(locks) == 0

@@ -53,6 +53,7 @@ from dispatch_kubeflow.handlers.kube import (
     without_finalizer,
 )
 from dispatch_kubeflow.handlers.registry import AdapterRegistry
+from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.handlers.serving import (
     AdaptersByName,
     adapter_exists,
@@ -159,8 +160,15 @@ async def record_start(
     attempt: int,
     train_job: str | None,
     refused: Refusal | None = None,
+    store: DispatchJobStatusStore | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> None:
+    """Record the attempt started (or refused) in the DispatchJob's status.
+
+    Through the serving adapter's status store when there is one: it reads the DispatchJob from
+    its watch, so the write costs no read unless it conflicts.
+    """
+
     async def change(current: dict[str, Any]) -> dict[str, Any]:
         status = DispatchJobStatus.from_wire(current.get("status"))
         generation = current["metadata"].get("generation")
@@ -180,7 +188,16 @@ async def record_start(
             )
         return after.to_wire()
 
-    await update_status(api, DISPATCH_JOBS, namespace, name, change)
+    if store is not None:
+        await store.update(name, change)
+    else:
+        await update_status(api, DISPATCH_JOBS, namespace, name, change)
+
+
+def status_store_of(adapter: Any) -> DispatchJobStatusStore | None:
+    """The adapter's status store, when it reports into the DispatchJobs' status."""
+    store = getattr(getattr(adapter, "supervisor", None), "store", None)
+    return store if isinstance(store, DispatchJobStatusStore) else None
 
 
 async def serving_adapter(registry: AdapterRegistry, namespace: str, adapter: str) -> Any:
@@ -302,12 +319,17 @@ async def start_and_record(
         async with starts_of(memo).gate:
             await adapter.start(job)
     except (ErrInvalid, ErrUnsupported) as error:
-        await _refuse(memo, target, job.attempt, refusal_of(error))
+        await _refuse(memo, target, job.attempt, refusal_of(error), status_store_of(adapter))
         return
     train_job = trainjob_name(target.name, job.attempt)
     logger.info("attempt %s started as TrainJob %s", job.attempt, train_job)
     await record_start(
-        memo.api, target.namespace, target.name, attempt=job.attempt, train_job=train_job
+        memo.api,
+        target.namespace,
+        target.name,
+        attempt=job.attempt,
+        train_job=train_job,
+        store=status_store_of(adapter),
     )
 
 
@@ -405,9 +427,21 @@ async def serving_adapter_or_none(registry: AdapterRegistry, target: Target) -> 
     return await registry.wait_for(target.namespace, target.adapter, ADAPTER_WAIT)
 
 
-async def _refuse(memo: kopf.Memo, target: Target, attempt: int, refused: Refusal) -> None:
+async def _refuse(
+    memo: kopf.Memo,
+    target: Target,
+    attempt: int,
+    refused: Refusal,
+    store: DispatchJobStatusStore | None = None,
+) -> None:
     await record_start(
-        memo.api, target.namespace, target.name, attempt=attempt, train_job=None, refused=refused
+        memo.api,
+        target.namespace,
+        target.name,
+        attempt=attempt,
+        train_job=None,
+        refused=refused,
+        store=store,
     )
     kopf.warn(
         kopf.Body(cast(kopf.RawBody, target.reference)),

@@ -19,9 +19,10 @@ their commit has succeeded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final
 
@@ -40,7 +41,7 @@ from dispatch_kubeflow.constants import (
 )
 from dispatch_kubeflow.errors import UnavailableError
 from dispatch_kubeflow.events import DispatchEvent
-from dispatch_kubeflow.handlers.kube import patch_status, read_object
+from dispatch_kubeflow.handlers.kube import StatusChange, patch_status, read_object
 from dispatch_kubeflow.handlers.status import DispatchJobStatus, fold_events
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_conflict, is_not_found
 from dispatch_kubeflow.kube.informer import Change, Informer, Synced
@@ -128,6 +129,30 @@ def event_message(event: Mapping[str, Any]) -> str:
     return f"{head}: {detail}" if detail else head
 
 
+class KeyedLocks:
+    """One lock per key, kept only while it is held or awaited."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
 def _ignore(_body: Mapping[str, Any], _kind: str, _reason: str, _message: str) -> None:
     return None
 
@@ -172,6 +197,7 @@ class DispatchJobStatusStore:
             request_timeout=request_timeout,
         )
         self._task: asyncio.Task[None] | None = None
+        self._writing = KeyedLocks()
         self.requests = 0
         self.writes = 0
 
@@ -231,24 +257,58 @@ class DispatchJobStatusStore:
     async def commit(
         self, job: str, attempt: int, record: ReportedRecord, events: Sequence[DispatchEvent]
     ) -> None:
-        informer = await self._in_view()
         wire = [event.model_dump(mode="json", by_alias=True) for event in events]
+        new: list[Mapping[str, Any]] = []
+
+        async def change(current: dict[str, Any]) -> Mapping[str, Any] | None:
+            if not self._ours(current):
+                return None
+            patch, new[:] = self._status_patch(current, attempt, record, wire)
+            return patch
+
+        written = await self.update(job, change)
+        if written is None:
+            log.info(
+                "no DispatchJob %s of adapter %s in %s: %d event(s) of attempt %s dropped",
+                job,
+                self._adapter,
+                self._namespace,
+                len(wire),
+                attempt,
+            )
+            return
+        self._observe(written, new)
+        for event in new:
+            self._post_event(
+                written, event_kind(event), str(event.get("type")), event_message(event)
+            )
+
+    async def update(self, job: str, change: StatusChange) -> dict[str, Any] | None:
+        """Write the status patch ``change`` makes of the job's DispatchJob as it is now.
+
+        The DispatchJob is read from the watch's cache, and from the apiserver only after a
+        conflict: the patch carries the resourceVersion it was made from. One job's writes
+        through the store go one at a time, so a start recorded as the supervisor commits the
+        job's first transition reads what that commit wrote instead of conflicting with it.
+        Returns the DispatchJob as written; None when it does not exist or ``change`` writes
+        nothing.
+        """
+        informer = await self._in_view()
+        async with self._writing.hold(job):
+            return await self._update(informer, job, change)
+
+    async def _update(
+        self, informer: Informer, job: str, change: StatusChange
+    ) -> dict[str, Any] | None:
         current = informer.get(job, self._namespace)
         for _ in range(CONFLICT_RETRIES):
             if current is None:
                 current = await self._read(job)
-            if not self._ours(current):
-                log.info(
-                    "no DispatchJob %s of adapter %s in %s: %d event(s) of attempt %s dropped",
-                    job,
-                    self._adapter,
-                    self._namespace,
-                    len(wire),
-                    attempt,
-                )
-                return
-            assert current is not None
-            patch, new = self._status_patch(current, attempt, record, wire)
+            if current is None:
+                return None
+            patch = await change({**current, "status": dict(status_of(current))})
+            if patch is None:
+                return None
             try:
                 written = await self._write(job, patch, resource_version_of(current))
             except REQUEST_ERRORS as error:
@@ -260,12 +320,7 @@ class DispatchJobStatusStore:
                 current = await self._read(job)
                 continue
             informer.cache[f"{self._namespace}/{job}"] = slim(written)
-            self._observe(written, new)
-            for event in new:
-                self._post_event(
-                    written, event_kind(event), str(event.get("type")), event_message(event)
-                )
-            return
+            return written
         raise UnavailableError(
             f"DispatchJob {job} in {self._namespace}: its status kept changing under the writer"
         )
