@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
 
 from dispatch_kubeflow.constants import STATUS_REPORTED
+from dispatch_kubeflow.errors import UnavailableError
 from dispatch_kubeflow.handlers import crds
 from dispatch_kubeflow.handlers.adapters import AdapterSession
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
@@ -157,3 +161,17 @@ async def test_one_keys_holders_go_one_at_a_time_and_other_keys_beside_them() ->
     assert order.index("a1 out") < order.index("a2 in")
     assert order.index("b1 in") < order.index("a1 out")
     assert len(locks) == 0
+
+
+async def test_a_closed_store_writes_nothing_and_starts_no_watch_again() -> None:
+    """A start that ends after its adapter closed records itself without the store."""
+    store = DispatchJobStatusStore(cast(Any, None), "ns", "ad", timedelta(seconds=1))
+    await store.close()
+    assert store.closed
+
+    async def change(_current: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError("nothing is read from a closed store")
+
+    with pytest.raises(UnavailableError, match="closed"):
+        await store.update("job", change)
+    assert store._task is None

@@ -165,11 +165,11 @@ async def record_start(
 ) -> None:
     """Record the attempt started (or refused) in the DispatchJob's status.
 
-    Through the serving adapter's status store when there is one: it reads the DispatchJob from
-    its watch, so the write costs no read unless it conflicts.
+    Through the serving adapter's status store while it is open: it reads the DispatchJob from
+    its watch, so the write costs no read unless it conflicts. Without it, read and written.
     """
 
-    async def change(current: dict[str, Any]) -> dict[str, Any]:
+    async def change(current: dict[str, Any]) -> dict[str, Any] | None:
         status = DispatchJobStatus.from_wire(current.get("status"))
         generation = current["metadata"].get("generation")
         if refused is not None:
@@ -186,9 +186,10 @@ async def record_start(
             after = begin_attempt(
                 status, attempt=attempt, train_job=train_job, generation=generation, now=clock.now()
             )
-        return after.to_wire()
+        # The job's first transition, committed first, may have shown it all already.
+        return None if after == status else after.to_wire()
 
-    if store is not None:
+    if store is not None and not store.closed:
         await store.update(name, change)
     else:
         await update_status(api, DISPATCH_JOBS, namespace, name, change)

@@ -198,6 +198,7 @@ class DispatchJobStatusStore:
         )
         self._task: asyncio.Task[None] | None = None
         self._writing = KeyedLocks()
+        self._closed = False
         self.requests = 0
         self.writes = 0
 
@@ -214,6 +215,8 @@ class DispatchJobStatusStore:
 
     async def _in_view(self) -> Informer:
         """The informer, started on first use and listed at least once."""
+        if self.closed:
+            raise UnavailableError(f"the DispatchJob status store of {self._adapter} is closed")
         if self._task is None:
             self._task = asyncio.create_task(
                 self._informer.run(), name=f"watch DispatchJobs in {self._namespace}"
@@ -230,7 +233,12 @@ class DispatchJobStatusStore:
                 ) from None
         return self._informer
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
