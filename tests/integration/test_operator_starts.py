@@ -278,3 +278,31 @@ async def test_deleting_a_job_whose_start_is_queued_or_in_flight_leaves_nothing_
             await scene.job_in_state(name, "Pending")
     # Nothing of a deleted job was made after its deletion, even once the others all started.
     assert sorted(await made(scene)) == sorted(f"{name}-1" for name in kept)
+
+
+async def test_an_attempt_raised_while_no_operator_runs_starts_under_the_next_one(
+    cluster: Any, scene: Scene, tmp_path: Path
+) -> None:
+    """kopf keeps no last-handled spec on the job: the next operator finds the raise by the
+    attempt its status records, and starts attempt 2 (attempt 1 is not started again)."""
+    events = tmp_path / "events.jsonl"
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+        await scene.apply_adapter(scene.adapter_spec())
+        await scene.ready_adapter()
+        await scene.create_job("later")
+        await scene.job_in_state("later", "Pending")
+        await scene.play_deadline_exceeded("later-1")
+        await scene.job_in_state("later", "Failed", "Timeout")
+    before = await scene.job("later")
+    assert before is not None
+    assert not [k for k in before["metadata"].get("annotations") or {} if k.startswith(GROUP)]
+
+    await raise_attempt(scene, "later", 2)
+    async with running_operator(cluster.kubeconfig, [scene.namespace], events):
+        second = await scene.job_in_state("later", "Pending")
+        assert second["status"]["attempt"] == 2
+        assert second["status"]["trainJob"] == "later-2"
+        assert await scene.trainjob("later-2") is not None
+    assert [e["attempt"] for e in second["status"]["events"]].count(1) == len(
+        before["status"]["events"]
+    )
