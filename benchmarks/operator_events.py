@@ -102,29 +102,14 @@ rules:
 # --- the control plane, with the operator's requests audited -----------------------------------
 
 
-class AuditedControlPlane(ControlPlane):
-    """The test control plane, logging every request of ``OPERATOR_USER`` and the admin's
-    patches (metadata only); with ``profiling``, kube-apiserver serves ``/debug/pprof``."""
+class ProfiledControlPlane(ControlPlane):
+    """The test control plane; with ``profiling``, kube-apiserver serves ``/debug/pprof``."""
 
     profiling = False
 
-    @property
-    def audit_log(self) -> Path:
-        return self.run_dir / "logs" / "audit.log"
-
     def _apiserver_args(self) -> list[str]:
-        policy = self.run_dir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY % (OPERATOR_USER, ADMIN_USER))
-        return [
-            *super()._apiserver_args(),
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={self.audit_log}",
-            "--audit-log-format=json",
-            # Rotated away at its default of 100 MB, a long run's early requests went uncounted.
-            "--audit-log-maxsize=100000",
-            # The later of a repeated flag wins.
-            *(["--profiling=true"] if self.profiling else []),
-        ]
+        # The later of a repeated flag wins.
+        return [*super()._apiserver_args(), *(["--profiling=true"] if self.profiling else [])]
 
     def cpu_seconds(self, name: str) -> float:
         """CPU seconds ``name`` (etcd, kube-apiserver) has used so far."""
@@ -142,6 +127,27 @@ class AuditedControlPlane(ControlPlane):
                 stdout=out,
                 stderr=subprocess.DEVNULL,
             )
+
+
+class AuditedControlPlane(ProfiledControlPlane):
+    """The test control plane, logging every request of ``OPERATOR_USER`` and the admin's
+    patches (metadata only)."""
+
+    @property
+    def audit_log(self) -> Path:
+        return self.run_dir / "logs" / "audit.log"
+
+    def _apiserver_args(self) -> list[str]:
+        policy = self.run_dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY % (OPERATOR_USER, ADMIN_USER))
+        return [
+            *super()._apiserver_args(),
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            # Rotated away at its default of 100 MB, a long run's early requests went uncounted.
+            "--audit-log-maxsize=100000",
+        ]
 
 
 def process_cpu_seconds(pid: int) -> float:

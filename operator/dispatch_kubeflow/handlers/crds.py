@@ -76,17 +76,57 @@ RECOVERY_MAX_ATTEMPTS_DEFAULT: Final = 3
 RECOVERY_MAX_READMISSIONS_DEFAULT: Final = 3
 
 
-def _unchanged(field: str) -> dict[str, str]:
+IMMUTABLE_MESSAGE: Final = (
+    "spec.{field} is immutable; only spec.attempt, spec.readmit, spec.reject and spec.recovery "
+    "may change"
+)
+RAISED_MESSAGE: Final = "spec.{field} may only be raised"
+REJECT_MESSAGE: Final = "spec.reject cannot change once set"
+
+# A rule on a field compares its old and new value, and runs only when both exist; a rule of the
+# spec catches a field added or removed. The split is for the apiserver's sake: it runs these
+# rules on every write of a DispatchJob, status writes included, and each `self.field` a rule of
+# the spec reads costs it a fresh copy of the spec's property schemas.
+FIELD_RULES: Final = {
+    **{
+        field: ("self == oldSelf", IMMUTABLE_MESSAGE.format(field=field))
+        for field in IMMUTABLE_FIELDS
+    },
+    "attempt": ("self >= oldSelf", RAISED_MESSAGE.format(field="attempt")),
+    "readmit": ("self >= oldSelf", RAISED_MESSAGE.format(field="readmit")),
+    "reject": ("self == oldSelf", REJECT_MESSAGE),
+}
+
+
+def _rule(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+def _with_field_rules(properties: dict[str, Any]) -> dict[str, Any]:
     return {
-        "rule": (
-            f"has(self.{field}) == has(oldSelf.{field}) && "
-            f"(!has(self.{field}) || self.{field} == oldSelf.{field})"
-        ),
-        "message": (
-            f"spec.{field} is immutable; only spec.attempt, spec.readmit, spec.reject and "
-            "spec.recovery may change"
-        ),
+        name: (
+            {**schema, "x-kubernetes-validations": [_rule(*FIELD_RULES[name])]}
+            if name in FIELD_RULES
+            else schema
+        )
+        for name, schema in properties.items()
     }
+
+
+def _presence_rules(properties: dict[str, Any], required: list[str]) -> list[dict[str, str]]:
+    """The spec's rules: an immutable field that may be absent is never added nor removed, and
+    `readmit` and `reject` are never removed (a required or defaulted field is always there)."""
+    optional = [
+        name
+        for name, schema in properties.items()
+        if name in FIELD_RULES and name not in required and "default" not in schema
+    ]
+    return [
+        _rule(f"has(self.{name}) == has(oldSelf.{name})", FIELD_RULES[name][1])
+        if name in IMMUTABLE_FIELDS
+        else _rule(f"!has(oldSelf.{name}) || has(self.{name})", FIELD_RULES[name][1])
+        for name in optional
+    ]
 
 
 def _causes(description: str) -> dict[str, Any]:
@@ -137,107 +177,92 @@ def _recovery_schema() -> dict[str, Any]:
     }
 
 
+def _spec_properties() -> dict[str, Any]:
+    return {
+        "adapter": _string("Name of the KubeflowAdapter that serves this namespace.", minLength=1),
+        "attempt": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1,
+            "description": (
+                "Attempt number. Raising it on a finished job starts that attempt; "
+                "it never goes down."
+            ),
+        },
+        "runtime": {
+            "type": "object",
+            "description": "Runtime reference; absent = the first of the adapter's runtimes.",
+            "required": ["kind", "name"],
+            "properties": {
+                "kind": _string(
+                    "ClusterTrainingRuntime or TrainingRuntime.",
+                    enum=["ClusterTrainingRuntime", "TrainingRuntime"],
+                ),
+                "name": _string("Name of the runtime.", minLength=1),
+            },
+        },
+        "image": _string(
+            "Container image of the trainer; absent = the image the runtime names.",
+            minLength=1,
+        ),
+        "command": _strings("Entrypoint of the trainer container."),
+        "args": _strings("Arguments of the trainer container."),
+        "env": {
+            "type": "array",
+            "description": "Plain environment variables of the trainer (no secret values).",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": _string("Variable name.", minLength=1),
+                    "value": _string("Variable value."),
+                },
+            },
+        },
+        "numNodes": {
+            "type": "integer",
+            "minimum": 1,
+            "default": 1,
+            "description": "Number of training nodes (ranks).",
+        },
+        "gpusPerNode": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 0,
+            "description": "GPUs per node, as limits of the adapter's gpuResource.",
+        },
+        "activeDeadlineSeconds": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "Deadline of the TrainJob; past it the job fails with Timeout.",
+        },
+        "readmit": {
+            "type": "integer",
+            "minimum": 0,
+            "description": (
+                "Raise it to readmit the current attempt held at the readmission gate after "
+                "an eviction (kueue.admissionCheck); it never goes down."
+            ),
+        },
+        "reject": _string(
+            "Set it (a reason) to turn the current attempt away at the readmission gate; "
+            "once set it cannot change.",
+            minLength=1,
+            maxLength=1024,
+        ),
+        "recovery": _recovery_schema(),
+    }
+
+
 def _spec_schema() -> dict[str, Any]:
+    properties = _spec_properties()
+    required = ["adapter"]
     return {
         "type": "object",
         "description": "The job to run. Immutable but for `attempt`.",
-        "required": ["adapter"],
-        "properties": {
-            "adapter": _string(
-                "Name of the KubeflowAdapter that serves this namespace.", minLength=1
-            ),
-            "attempt": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 1,
-                "description": (
-                    "Attempt number. Raising it on a finished job starts that attempt; "
-                    "it never goes down."
-                ),
-            },
-            "runtime": {
-                "type": "object",
-                "description": "Runtime reference; absent = the first of the adapter's runtimes.",
-                "required": ["kind", "name"],
-                "properties": {
-                    "kind": _string(
-                        "ClusterTrainingRuntime or TrainingRuntime.",
-                        enum=["ClusterTrainingRuntime", "TrainingRuntime"],
-                    ),
-                    "name": _string("Name of the runtime.", minLength=1),
-                },
-            },
-            "image": _string(
-                "Container image of the trainer; absent = the image the runtime names.",
-                minLength=1,
-            ),
-            "command": _strings("Entrypoint of the trainer container."),
-            "args": _strings("Arguments of the trainer container."),
-            "env": {
-                "type": "array",
-                "description": "Plain environment variables of the trainer (no secret values).",
-                "items": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {
-                        "name": _string("Variable name.", minLength=1),
-                        "value": _string("Variable value."),
-                    },
-                },
-            },
-            "numNodes": {
-                "type": "integer",
-                "minimum": 1,
-                "default": 1,
-                "description": "Number of training nodes (ranks).",
-            },
-            "gpusPerNode": {
-                "type": "integer",
-                "minimum": 0,
-                "default": 0,
-                "description": "GPUs per node, as limits of the adapter's gpuResource.",
-            },
-            "activeDeadlineSeconds": {
-                "type": "integer",
-                "minimum": 1,
-                "description": "Deadline of the TrainJob; past it the job fails with Timeout.",
-            },
-            "readmit": {
-                "type": "integer",
-                "minimum": 0,
-                "description": (
-                    "Raise it to readmit the current attempt held at the readmission gate after "
-                    "an eviction (kueue.admissionCheck); it never goes down."
-                ),
-            },
-            "reject": _string(
-                "Set it (a reason) to turn the current attempt away at the readmission gate; "
-                "once set it cannot change.",
-                minLength=1,
-                maxLength=1024,
-            ),
-            "recovery": _recovery_schema(),
-        },
-        "x-kubernetes-validations": [
-            *(_unchanged(field) for field in IMMUTABLE_FIELDS),
-            {
-                "rule": "!has(oldSelf.attempt) || self.attempt >= oldSelf.attempt",
-                "message": "spec.attempt may only be raised",
-            },
-            {
-                "rule": (
-                    "!has(oldSelf.readmit) || (has(self.readmit) && "
-                    "self.readmit >= oldSelf.readmit)"
-                ),
-                "message": "spec.readmit may only be raised",
-            },
-            {
-                "rule": (
-                    "!has(oldSelf.reject) || (has(self.reject) && self.reject == oldSelf.reject)"
-                ),
-                "message": "spec.reject cannot change once set",
-            },
-        ],
+        "required": required,
+        "properties": _with_field_rules(properties),
+        "x-kubernetes-validations": _presence_rules(properties, required),
     }
 
 
