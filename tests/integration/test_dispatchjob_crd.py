@@ -55,7 +55,7 @@ CHANGED: dict[str, Any] = {
 OPTIONAL = ("runtime", "image", "command", "args", "env", "activeDeadlineSeconds")
 
 
-async def created(api: client.ApiClient, namespace: str, spec: dict[str, Any]) -> str:
+async def created(api: client.ApiClient, namespace: str, spec: dict[str, Any]) -> None:
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": DISPATCH_JOB_KIND,
@@ -65,7 +65,6 @@ async def created(api: client.ApiClient, namespace: str, spec: dict[str, Any]) -
     await client.CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, DISPATCH_JOBS, body
     )
-    return "job"
 
 
 async def patched(
