@@ -116,7 +116,9 @@ class Adapter:
 
     async def start(self, job: JobSpec) -> JobRef:
         """Create the TrainJob of ``job`` (idempotently), and in Kueue mode see its Workload."""
-        return await starting.start(self.scope, job, workloads=self.supervisor)
+        return await starting.start(
+            self.scope, job, workloads=self.supervisor, runtimes=self.supervisor
+        )
 
     async def stop_job(self, job_id: str) -> None:
         """Delete every TrainJob of the job and wait, up to ``timeouts.stopJob``, for all to go."""

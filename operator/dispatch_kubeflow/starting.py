@@ -72,6 +72,14 @@ from dispatch_kubeflow.trainjob import (
 Obj = dict[str, Any]
 
 
+class RuntimeWatch(Protocol):
+    """A running watch of the runtimes a start may name (``Supervisor`` is one)."""
+
+    def cached_runtime(self, ref: RuntimeRef) -> Obj | None:
+        """The runtime as the watch last saw it; None when the watch cannot say."""
+        ...
+
+
 class WorkloadWatch(Protocol):
     """A running watch of the namespace's Workloads (``Supervisor`` is one)."""
 
@@ -87,11 +95,14 @@ async def start(
     suspend: bool = False,
     extra_labels: Mapping[str, str] | None = None,
     workloads: WorkloadWatch | None = None,
+    runtimes: RuntimeWatch | None = None,
 ) -> JobRef:
     """Create the TrainJob of ``job`` (idempotently), and in Kueue mode see its Workload.
 
     With ``workloads`` (the adapter's own watch), the Workload is awaited there, which costs no
     request; without it, or while that watch cannot answer, by a LIST and a WATCH of its own.
+    With ``runtimes``, likewise the runtime is checked as that watch has it (see
+    ``checked_runtime``).
     """
     settings = scope.settings
     runtime = resolve_runtime(job, settings)
@@ -100,9 +111,7 @@ async def start(
         raise RuntimeUnsupportedError(
             f"runtime {describe_runtime(runtime)} is not in the adapter's runtimes ({allowed})"
         )
-    runtime_object = await read_runtime(scope, runtime)
-    check_runtime(runtime_object, runtime, settings)
-    check_generated_names(job, runtime_object)
+    await checked_runtime(scope, job, runtime, runtimes)
     body = build_trainjob(
         job, settings, scope.adapter_name, suspend=suspend, extra_labels=extra_labels
     )
@@ -112,6 +121,32 @@ async def start(
         return ref
     workload = await _wait_for_workload(scope, trainjob, workloads)
     return ref.model_copy(update={"workload": name_of(workload)})
+
+
+async def checked_runtime(
+    scope: Scope, job: JobSpec, ref: RuntimeRef, runtimes: RuntimeWatch | None = None
+) -> Obj:
+    """The runtime ``ref`` names, once the runtime rules and ``job``'s pod names pass on it.
+
+    A runtime the watch has that passes costs no request. Anything else is read from the
+    apiserver: a runtime the watch has not seen (created a moment ago, or the watch is not
+    serving), and one that fails on the watch's copy, so a start is refused only on the runtime
+    as the apiserver has it now. A runtime changed within the watch's lag may pass on its
+    previous version, as it may between a read and the create.
+    """
+    cached = runtimes.cached_runtime(ref) if runtimes is not None else None
+    if cached is not None:
+        with contextlib.suppress(DispatchError):
+            _check_runtime(cached, job, ref, scope)
+            return cached
+    runtime = await read_runtime(scope, ref)
+    _check_runtime(runtime, job, ref, scope)
+    return runtime
+
+
+def _check_runtime(runtime: Obj, job: JobSpec, ref: RuntimeRef, scope: Scope) -> None:
+    check_runtime(runtime, ref, scope.settings)
+    check_generated_names(job, runtime)
 
 
 async def read_runtime(scope: Scope, ref: RuntimeRef) -> Obj:

@@ -92,7 +92,8 @@ from dispatch_kubeflow.reporting import (
     ReportStore,
     Transition,
 )
-from dispatch_kubeflow.settings import Settings
+from dispatch_kubeflow.runtime_cache import RuntimeCache
+from dispatch_kubeflow.settings import RuntimeRef, Settings
 from dispatch_kubeflow.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,12 @@ class Supervisor:
         self._workload_waiters: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
         self._watching = False
         self.informers: list[Informer] = []
+        self.runtimes = RuntimeCache(
+            api_client,
+            settings.namespace,
+            watch_timeout=watch_timeout,
+            request_timeout=settings.timeouts.request,
+        )
         self._heartbeat: LeaseHeartbeat | None = None
         self._pod_reads = 0
         self._read_gate = asyncio.Semaphore(READ_CONCURRENCY)
@@ -268,7 +275,7 @@ class Supervisor:
 
     def requests(self) -> int:
         """API requests made so far by the informers and the store."""
-        count = sum(i.requests for i in self.informers) + self._pod_reads
+        count = sum(i.requests for i in self.informers) + self._pod_reads + self.runtimes.requests
         return count + int(getattr(self._store, "requests", 0))
 
     def watch_problems(self) -> list[DispatchError]:
@@ -352,6 +359,10 @@ class Supervisor:
     def _selector(self) -> str:
         # The preflight probe's TrainJob (and its JobSet and pods) is the adapter's own, not a job.
         return f"{LABEL_ADAPTER}={self.adapter_name},!{LABEL_PROBE}"
+
+    def cached_runtime(self, ref: RuntimeRef) -> dict[str, Any] | None:
+        """The runtime ``ref`` names as this supervisor's runtime watch has it, or None."""
+        return self.runtimes.get(ref)
 
     async def workload_of(self, trainjob_uid: str, within: timedelta) -> dict[str, Any] | None:
         """Kueue's Workload of a TrainJob, as this supervisor's Workload watch sees it.
@@ -465,6 +476,7 @@ class Supervisor:
         """Every dispatch event of the adapter, forever; each job transition exactly once."""
         self.informers = self._informers()
         tasks = [asyncio.create_task(i.run(), name=f"watch-{i.kind}") for i in self.informers]
+        tasks.append(asyncio.create_task(self.runtimes.run(), name="watch-runtimes"))
         self._watching = True
         if self._heartbeat is not None:
             tasks.append(asyncio.create_task(self._heartbeat.run_timer(self._wake_heartbeat)))

@@ -58,12 +58,14 @@ from dispatch_kubeflow.settings import (
     Timeouts,
 )
 from dispatch_kubeflow.starting import create_trainjob
+from dispatch_kubeflow.tasks import cancel_and_wait
 from dispatch_kubeflow.trainjob import EnvVar, JobSpec, build_trainjob, spec_hash
 from tests.cluster.controlplane import ControlPlane
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE_RUNTIME = ROOT / "examples" / "runtime.yaml"
 TRAINER = ("trainer.kubeflow.org", "v1alpha1")
+RUNTIMES = "trainingruntimes"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 RUNTIME = RuntimeRef(kind="TrainingRuntime", name="dispatch-torch")
@@ -961,6 +963,122 @@ async def test_a_start_sees_its_workload_on_the_adapters_own_watch(
         unwatched = await opened.start(JobSpec(job_id="unwatched"))
         assert unwatched.workload is not None
         assert f"{LABEL_KUEUE_JOB_UID}={unwatched.uid}" in calls
+
+
+def runtime_reads(adapter: Adapter) -> list[str]:
+    """The names of the TrainingRuntimes the adapter reads from now on (the reads go through)."""
+    custom = adapter.scope.custom
+    read: list[str] = []
+    original = custom.get_namespaced_custom_object
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        if args[3] == "trainingruntimes":
+            read.append(args[4])
+        return await original(*args, **kwargs)
+
+    custom.get_namespaced_custom_object = recording  # type: ignore[method-assign]
+    return read
+
+
+@contextlib.asynccontextmanager
+async def watching(adapter: Adapter) -> AsyncIterator[None]:
+    """The adapter's watch runs, every kind it watches listed, the runtimes included."""
+    stream = adapter.watch()
+    consumer = asyncio.ensure_future(stream.__anext__())
+    supervisor = adapter.supervisor
+
+    def listed() -> bool:
+        informers = [*supervisor.informers, *supervisor.runtimes.informers.values()]
+        return bool(supervisor.informers) and all(i.synced.is_set() for i in informers)
+
+    try:
+        await until(listed, "the adapter's watch to list every kind")
+        yield
+    finally:
+        await cancel_and_wait(consumer)
+        await stream.aclose()
+
+
+async def until(done: Callable[[], bool], what: str, within: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, f"waited {within} s for {what}"
+        await asyncio.sleep(0.05)
+
+
+def watched_runtime(adapter: Adapter, name: str) -> Obj | None:
+    return adapter.supervisor.cached_runtime(RuntimeRef(kind="TrainingRuntime", name=name))
+
+
+async def test_a_start_checks_its_runtime_on_the_adapters_own_watch(adapter: Adapter) -> None:
+    """While the adapter watches, a start reads no runtime; once the watch is gone, it does."""
+    reads = runtime_reads(adapter)
+    async with watching(adapter):
+        await adapter.start(JobSpec(job_id="watched"))
+        assert reads == []
+    await adapter.start(JobSpec(job_id="unwatched"))
+    assert reads == [RUNTIME.name]
+
+
+async def test_a_runtime_the_watch_has_not_seen_is_read(
+    adapter: Adapter, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """A runtime created a moment ago (here: one the watch is made to lag behind) is read from
+    the apiserver, never refused as missing."""
+    await create_runtime(kube_api, namespace, example_runtime("fresh"))
+    fresh = RuntimeRef(kind="TrainingRuntime", name="fresh")
+    adapter.scope.settings = adapter.settings.model_copy(update={"runtimes": (RUNTIME, fresh)})
+    reads = runtime_reads(adapter)
+    async with watching(adapter):
+        await until(lambda: watched_runtime(adapter, "fresh") is not None, "the watch to see it")
+        informer = adapter.supervisor.runtimes.informers["TrainingRuntime"]
+        del informer.cache[f"{namespace}/fresh"]
+        await adapter.start(JobSpec(job_id="new", runtime=fresh))
+    assert reads == ["fresh"]
+    assert (await read_trainjob(kube_api, namespace, "new-1"))["spec"]["runtimeRef"]["name"] == (
+        "fresh"
+    )
+
+
+async def test_a_start_is_refused_only_on_the_runtime_as_the_apiserver_has_it(
+    adapter: Adapter, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """The watch's copy breaking a rule (a runtime fixed a moment ago) does not refuse a start:
+    the runtime is read and the start goes on. A runtime broken for real is refused, on a read,
+    naming the rule."""
+    name, change, rule = RULES[0]
+    await create_runtime(kube_api, namespace, example_runtime(name))
+    ref = RuntimeRef(kind="TrainingRuntime", name=name)
+    adapter.scope.settings = adapter.settings.model_copy(update={"runtimes": (RUNTIME, ref)})
+    reads = runtime_reads(adapter)
+    async with watching(adapter):
+        await until(lambda: watched_runtime(adapter, name) is not None, "the watch to see it")
+        informer = adapter.supervisor.runtimes.informers["TrainingRuntime"]
+        informer.cache[f"{namespace}/{name}"] = {**broken(change), "metadata": {"name": name}}
+        await adapter.start(JobSpec(job_id="fixed", runtime=ref))
+        assert reads == [name]
+
+        custom = client.CustomObjectsApi(kube_api)
+        current = await custom.get_namespaced_custom_object(*TRAINER, namespace, RUNTIMES, name)
+        replaced = await custom.replace_namespaced_custom_object(
+            *TRAINER, namespace, RUNTIMES, name, {**current, "spec": broken(change)["spec"]}
+        )
+
+        def seen_broken() -> bool:
+            seen = watched_runtime(adapter, name)
+            version = replaced["metadata"]["resourceVersion"]
+            return seen is not None and seen["metadata"].get("resourceVersion") == version
+
+        await until(seen_broken, "the watch to see the runtime broken")
+        message = await raises(ErrUnsupported, adapter.start(JobSpec(job_id="broken", runtime=ref)))
+        assert rule in message
+        assert reads == [name, name]
+
+        await custom.delete_namespaced_custom_object(*TRAINER, namespace, RUNTIMES, name)
+        await until(lambda: watched_runtime(adapter, name) is None, "the watch to see it go")
+        message = await raises(ErrUnsupported, adapter.start(JobSpec(job_id="gone", runtime=ref)))
+        assert f"TrainingRuntime {name!r} does not exist" in message
+    assert [t["metadata"]["name"] for t in await list_trainjobs(kube_api, namespace)] == ["fixed-1"]
 
 
 async def test_a_workload_that_outlives_its_trainjob_is_found_by_its_uid(

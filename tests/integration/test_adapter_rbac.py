@@ -30,6 +30,7 @@ from tests.integration.test_adapter import (
     make_jobset_and_pod,
     read_trainjob,
     settings_for,
+    until,
 )
 
 FILES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files"
@@ -118,9 +119,46 @@ async def test_watch_starts_with_the_chart_rules(
         try:
             async with asyncio.timeout(20):
                 event = await anext(stream)
+                # The runtimes too, which hold no event back when they cannot be listed.
+                runtimes = adapter.supervisor.runtimes.informers.values()
+                for informer in runtimes:
+                    await informer.synced.wait()
         finally:
             await stream.aclose()
         assert event.job == "watched"
+        assert [informer.last_failure for informer in runtimes] == [None, None]
+
+
+async def test_without_the_runtime_watch_rules_starts_read_and_events_flow(
+    cluster: ControlPlane, namespace: str, runtime: None, kube_api: client.ApiClient
+) -> None:
+    """A role from before the runtime watch (runtimes: get only): the runtime watch cannot list,
+    and that holds nothing back: the watch yields events and a start reads its runtime."""
+    runtimes = {"trainingruntimes", "clustertrainingruntimes"}
+    rules = [
+        {**rule, "verbs": ["get"]} if runtimes & set(rule["resources"]) else rule
+        for rule in CHART_RULES
+    ]
+    async with user_with_rules(cluster, kube_api, rules, "dispatch-older") as kubeconfig:
+        s = settings_for(cluster, namespace, cluster=Cluster(kubeconfig=str(kubeconfig)))
+        async with await Adapter.open(AdapterConfig(settings=s)) as adapter:
+            await adapter.start(JobSpec(job_id="first"))
+            stream = adapter.watch()
+            try:
+                async with asyncio.timeout(20):
+                    assert (await anext(stream)).job == "first"
+                    informers = adapter.supervisor.runtimes.informers.values()
+                    await until(
+                        lambda: all(i.last_failure for i in informers), "the runtime LISTs refused"
+                    )
+                    await adapter.start(JobSpec(job_id="second"))
+                    while (await anext(stream)).job != "second":
+                        pass
+            finally:
+                await stream.aclose()
+        refusals = [getattr(i.last_failure, "status", None) for i in informers]
+        assert refusals == [403, 403]
+        assert not any(i.synced.is_set() for i in informers)
 
 
 async def test_the_chart_rules_grant_no_secret(
