@@ -8,7 +8,8 @@ The test's own setup (runtimes, the objects controllers would make) runs as the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig
 from dispatch_kubeflow.errors import ErrNotFound
+from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.settings import Cluster, Kueue
 from dispatch_kubeflow.trainjob import JobSpec
 from tests.cluster.controlplane import ControlPlane
@@ -106,27 +108,36 @@ async def test_kueue_mode_and_the_gate_with_the_chart_rules(
         await adapter.stop_job("queued")
 
 
+@contextlib.asynccontextmanager
+async def watching_as(
+    cluster: ControlPlane, namespace: str, kubeconfig: Path, job: str
+) -> AsyncIterator[tuple[Adapter, AsyncGenerator[DispatchEvent, None]]]:
+    """The adapter as the user of ``kubeconfig``, ``job`` started and its first event seen;
+    what the caller does with them is bounded by the same 20 s."""
+    s = settings_for(cluster, namespace, cluster=Cluster(kubeconfig=str(kubeconfig)))
+    async with await Adapter.open(AdapterConfig(settings=s)) as adapter:
+        await adapter.start(JobSpec(job_id=job))
+        stream = adapter.watch()
+        try:
+            async with asyncio.timeout(20):
+                assert (await anext(stream)).job == job
+                yield adapter, stream
+        finally:
+            await stream.aclose()
+
+
 async def test_watch_starts_with_the_chart_rules(
     cluster: ControlPlane,
     namespace: str,
     runtime: None,
     restricted_kubeconfig: Path,
 ) -> None:
-    s = settings_for(cluster, namespace, cluster=Cluster(kubeconfig=str(restricted_kubeconfig)))
-    async with await Adapter.open(AdapterConfig(settings=s)) as adapter:
-        await adapter.start(JobSpec(job_id="watched"))
-        stream = adapter.watch()
-        try:
-            async with asyncio.timeout(20):
-                event = await anext(stream)
-                # The runtimes too, which hold no event back when they cannot be listed.
-                runtimes = adapter.supervisor.runtimes.informers.values()
-                for informer in runtimes:
-                    await informer.synced.wait()
-        finally:
-            await stream.aclose()
-        assert event.job == "watched"
-        assert [informer.last_failure for informer in runtimes] == [None, None]
+    async with watching_as(cluster, namespace, restricted_kubeconfig, "watched") as (adapter, _):
+        # The runtimes too, which hold no event back when they cannot be listed.
+        runtimes = adapter.supervisor.runtimes.informers.values()
+        for informer in runtimes:
+            await informer.synced.wait()
+    assert [informer.last_failure for informer in runtimes] == [None, None]
 
 
 async def test_without_the_runtime_watch_rules_starts_read_and_events_flow(
@@ -139,26 +150,18 @@ async def test_without_the_runtime_watch_rules_starts_read_and_events_flow(
         {**rule, "verbs": ["get"]} if runtimes & set(rule["resources"]) else rule
         for rule in CHART_RULES
     ]
-    async with user_with_rules(cluster, kube_api, rules, "dispatch-older") as kubeconfig:
-        s = settings_for(cluster, namespace, cluster=Cluster(kubeconfig=str(kubeconfig)))
-        async with await Adapter.open(AdapterConfig(settings=s)) as adapter:
-            await adapter.start(JobSpec(job_id="first"))
-            stream = adapter.watch()
-            try:
-                async with asyncio.timeout(20):
-                    assert (await anext(stream)).job == "first"
-                    informers = adapter.supervisor.runtimes.informers.values()
-                    await until(
-                        lambda: all(i.last_failure for i in informers), "the runtime LISTs refused"
-                    )
-                    await adapter.start(JobSpec(job_id="second"))
-                    while (await anext(stream)).job != "second":
-                        pass
-            finally:
-                await stream.aclose()
-        refusals = [getattr(i.last_failure, "status", None) for i in informers]
-        assert refusals == [403, 403]
-        assert not any(i.synced.is_set() for i in informers)
+    async with (
+        user_with_rules(cluster, kube_api, rules, "dispatch-older") as kubeconfig,
+        watching_as(cluster, namespace, kubeconfig, "first") as (adapter, stream),
+    ):
+        informers = adapter.supervisor.runtimes.informers.values()
+        await until(lambda: all(i.last_failure for i in informers), "the runtime LISTs refused")
+        await adapter.start(JobSpec(job_id="second"))
+        while (await anext(stream)).job != "second":
+            pass
+    refusals = [getattr(i.last_failure, "status", None) for i in informers]
+    assert refusals == [403, 403]
+    assert not any(i.synced.is_set() for i in informers)
 
 
 async def test_the_chart_rules_grant_no_secret(
