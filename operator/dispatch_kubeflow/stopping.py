@@ -2,10 +2,13 @@
 
 Deleting the TrainJobs is enough: the garbage collector takes their JobSets, pods and Workloads
 after them (background propagation, so the TrainJob goes at once). Whether it has is only known
-by reading back, so ``stop`` repeats ``finding.objects_of`` (quickly at first, then slower, so a
-quick stop costs few requests) until nothing of the job is left (selecting the Workloads by the
-uids of every TrainJob the stop deleted, read, or was told of by the watch), and past the bound
-names what remains and what holds it. ``start`` deletes through ``delete_trainjobs`` too, when
+by reading back, so ``stop`` repeats ``finding.objects_of`` until nothing of the job is left
+(selecting the Workloads by the uids of every TrainJob the stop deleted, read, or was told of by
+the watch), and past the bound names what remains and what holds it. While the adapter's watch
+serves, ``stop_job`` reads back when the watch shows the job's objects gone (or every
+``WATCHED_POLL``, should the watch lag), so a stop costs one read-back however long its pods take
+to terminate; otherwise it reads back quickly at first, then slower, so a quick stop costs few
+requests. ``start`` deletes through ``delete_trainjobs`` too, when
 Kueue makes no Workload for its TrainJob.
 
 ``stop_job`` tells the watch what it is doing, so the job's end is reported truly: the watch may
@@ -17,6 +20,7 @@ refused delete (``note_stop_refused``) leaves the job as it was, to end as it re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from typing import Protocol
 
@@ -33,6 +37,8 @@ from dispatch_kubeflow.trainjob import job_selector
 # The read-backs start fast and slow down, so a quick stop costs few requests.
 FIRST_POLL = 0.05
 LONGEST_POLL = 1.0
+# With the watch serving, the longest a stop waits on it before reading back anyway.
+WATCHED_POLL = timedelta(seconds=10)
 
 
 class StopNotes(Protocol):
@@ -45,6 +51,11 @@ class StopNotes(Protocol):
     def note_stopped(self, job: str) -> None: ...
 
     def trainjob_uids(self, job: str) -> set[str]: ...
+
+    async def until_gone(self, job: str, trainjob_uids: set[str], within: timedelta) -> None:
+        """Return once the watch shows nothing of ``job`` left, or after ``within``;
+        ``LookupError`` when the watch cannot answer."""
+        ...
 
 
 async def stop_job(scope: Scope, notes: StopNotes, job_id: str, within: timedelta) -> None:
@@ -62,7 +73,7 @@ async def stop_job(scope: Scope, notes: StopNotes, job_id: str, within: timedelt
         notes.note_stop_refused(job_id)
         raise
     notes.note_stopped(job_id)
-    await wait_until_gone(scope, job_id, within, deleted | notes.trainjob_uids(job_id))
+    await wait_until_gone(scope, job_id, within, deleted | notes.trainjob_uids(job_id), notes)
 
 
 async def stop(scope: Scope, job_id: str, within: timedelta) -> None:
@@ -72,19 +83,31 @@ async def stop(scope: Scope, job_id: str, within: timedelta) -> None:
 
 
 async def wait_until_gone(
-    scope: Scope, job_id: str, within: timedelta, known_uids: set[str] | None = None
+    scope: Scope,
+    job_id: str,
+    within: timedelta,
+    known_uids: set[str] | None = None,
+    watch: StopNotes | None = None,
 ) -> None:
     """Read back until nothing of the job is left; past ``within``, name what remains.
 
     ``known_uids`` (TrainJobs of the job, perhaps gone) grows with every TrainJob read back, so a
-    Workload that outlives its TrainJob is still found.
+    Workload that outlives its TrainJob is still found. With ``watch`` serving, each read-back
+    waits until the watch shows the job gone; the read-backs are never closer together than
+    without it.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within.total_seconds()
     pause = FIRST_POLL
     uids = set(known_uids or ())
+    read_at: float | None = None
     while True:
+        await _until_gone_on_watch(watch, job_id, uids, deadline - loop.time())
+        if read_at is not None:
+            await asyncio.sleep(max(0.0, min(read_at + pause, deadline) - loop.time()))
+            pause = min(pause * 2, LONGEST_POLL)
         objects = await objects_of(scope, job_id, uids)
+        read_at = loop.time()
         uids |= uids_of(objects.trainjobs)
         if objects.empty():
             return
@@ -93,8 +116,15 @@ async def wait_until_gone(
                 f"stop_job {job_id}: after {format_duration(within)} these remain: "
                 + ", ".join(objects.described())
             )
-        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-        pause = min(pause * 2, LONGEST_POLL)
+
+
+async def _until_gone_on_watch(
+    watch: StopNotes | None, job_id: str, uids: set[str], left: float
+) -> None:
+    if watch is None or left <= 0:
+        return
+    with contextlib.suppress(LookupError):
+        await watch.until_gone(job_id, set(uids), min(WATCHED_POLL, timedelta(seconds=left)))
 
 
 async def delete_trainjobs(scope: Scope, selector: str, *, field: bool = False) -> set[str]:

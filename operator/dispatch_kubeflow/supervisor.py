@@ -71,6 +71,7 @@ from dispatch_kubeflow.kube.apierrors import (
 from dispatch_kubeflow.kube.informer import (
     DEFAULT_WATCH_TIMEOUT,
     Change,
+    IndexFn,
     Informer,
     ListFn,
     Synced,
@@ -80,6 +81,7 @@ from dispatch_kubeflow.kube.informer import (
 from dispatch_kubeflow.kube.objects import (
     annotations_of,
     is_deleting,
+    labels_of,
     name_of,
     uid_of,
 )
@@ -123,6 +125,20 @@ READ_CONCURRENCY = 32
 # Kinds whose changes wait while their job's task runs: the task ends on the job's objects as it
 # saw them (a TrainJob created again under the same name is a new job only after that).
 HELD_KINDS = frozenset({KIND_TRAINJOB, KIND_JOBSET, KIND_POD})
+
+
+def _job_label(obj: Mapping[str, Any]) -> str | None:
+    return labels_of(obj).get(LABEL_JOB)
+
+
+# What each kind's cache is indexed by: a start finds its Workload by its TrainJob's uid, and a
+# stop sees its job's objects go.
+INDEXES: dict[str, IndexFn] = {
+    KIND_TRAINJOB: _job_label,
+    KIND_JOBSET: _job_label,
+    KIND_POD: _job_label,
+    KIND_WORKLOAD: job_uid_label,
+}
 # States the TrainJob's own condition ends a job in; its pods' end is what the Finished tells.
 ENDED_BY_TRAINJOB = frozenset({State.SUCCEEDED, State.FAILED})
 
@@ -254,6 +270,8 @@ class Supervisor:
         self._queue: asyncio.Queue[QueueItem] = asyncio.Queue()
         # TrainJob uid -> starts waiting for Kueue's Workload of it (``workload_of``).
         self._workload_waiters: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
+        # stop_jobs waiting for the watch to show their objects gone (``until_gone``).
+        self._gone_waiters: set[asyncio.Event] = set()
         self._watching = False
         self.informers: list[Informer] = []
         self.runtimes = RuntimeCache(
@@ -370,10 +388,7 @@ class Supervisor:
         None when none is seen within ``within``. ``LookupError`` when the watch cannot answer
         (it is not running, has not listed, or its last LIST failed): ask the apiserver instead.
         """
-        informer = next((i for i in self.informers if i.kind == KIND_WORKLOAD), None)
-        serving = informer is not None and informer.synced.is_set()
-        if not self._watching or informer is None or not serving or informer.last_failure:
-            raise LookupError("the Workload watch is not serving")
+        informer = self._serving_informer(KIND_WORKLOAD)
         found = informer.indexed(trainjob_uid)
         if found:
             return found[0]
@@ -391,14 +406,61 @@ class Supervisor:
             if not waiters:
                 self._workload_waiters.pop(trainjob_uid, None)
 
+    def _serving_informer(self, kind: str) -> Informer:
+        """The informer of ``kind``; ``LookupError`` unless it runs, has listed, and can list."""
+        informer = next((i for i in self.informers if i.kind == kind), None)
+        serving = informer is not None and informer.synced.is_set()
+        if not self._watching or informer is None or not serving or informer.last_failure:
+            raise LookupError(f"the {kind} watch is not serving")
+        return informer
+
+    async def until_gone(self, job: str, trainjob_uids: set[str], within: timedelta) -> None:
+        """Wait until this supervisor's watch shows nothing of ``job`` left, at most ``within``.
+
+        Nothing left: no TrainJob, JobSet or pod labelled with the job, and (in Kueue mode) no
+        Workload of a TrainJob with one of ``trainjob_uids`` or of one the watch shows.
+        Returns at ``within`` too: the caller reads back and names what remains.
+        ``LookupError`` when the watch cannot answer, or stops answering meanwhile.
+        """
+        uids = set(trainjob_uids)
+        woken = asyncio.Event()
+        self._gone_waiters.add(woken)
+        try:
+            async with asyncio.timeout(within.total_seconds()):
+                while self._left_on_watch(job, uids):
+                    woken.clear()
+                    await woken.wait()
+        except TimeoutError:
+            return
+        finally:
+            self._gone_waiters.discard(woken)
+
+    def _left_on_watch(self, job: str, uids: set[str]) -> bool:
+        kinds = (KIND_TRAINJOB, KIND_JOBSET, KIND_POD)
+        informers = {kind: self._serving_informer(kind) for kind in kinds}
+        uids |= {uid_of(t) for t in informers[KIND_TRAINJOB].indexed(job)} - {""}
+        if any(informer.indexed(job) for informer in informers.values()):
+            return True
+        if self._settings.kueue is None:
+            return False
+        workloads = self._serving_informer(KIND_WORKLOAD)
+        return any(workloads.indexed(uid) for uid in uids)
+
+    def _wake_gone_waiters(self) -> None:
+        for woken in self._gone_waiters:
+            woken.set()
+
     def _stop_workload_waiters(self) -> None:
         for waiters in self._workload_waiters.values():
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_exception(LookupError("the Workload watch stopped"))
 
-    async def _workload_seen(self, change: Change | Synced) -> None:
-        if isinstance(change, Change) and change.type != "DELETED":
+    async def _seen(self, change: Change | Synced) -> None:
+        """What an informer emits: waiters woken, then the change queued for derivation."""
+        if isinstance(change, Change) and change.type == "DELETED":
+            self._wake_gone_waiters()
+        elif isinstance(change, Change) and change.kind == KIND_WORKLOAD:
             uid = job_uid_label(change.obj)
             for waiter in self._workload_waiters.get(uid or "", []):
                 if not waiter.done():
@@ -409,11 +471,11 @@ class Supervisor:
         return Informer(
             kind,
             list_fn,
-            self._workload_seen if kind == KIND_WORKLOAD else self._queue.put,
+            self._seen,
             trim=trimmer(kind),
             watch_timeout=self._watch_timeout,
             request_timeout=self._settings.timeouts.request,
-            index=job_uid_label if kind == KIND_WORKLOAD else None,
+            index=INDEXES.get(kind),
         )
 
     def _informers(self) -> list[Informer]:
@@ -553,6 +615,7 @@ class Supervisor:
         finally:
             self._watching = False
             self._stop_workload_waiters()
+            self._wake_gone_waiters()
             await cancel_and_wait(*tasks)
             commits = [working.pop(job) for job in committing if job in working]
             # Derivations not yet handed on: nothing of them was delivered.

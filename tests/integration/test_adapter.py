@@ -26,7 +26,7 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from dispatch_kubeflow import gate
+from dispatch_kubeflow import gate, stopping
 from dispatch_kubeflow.adapter import Adapter, AdapterConfig
 from dispatch_kubeflow.constants import (
     ANNOTATION_READMIT,
@@ -47,6 +47,7 @@ from dispatch_kubeflow.constants import (
 from dispatch_kubeflow.errors import ErrInvalid, ErrNotFound, ErrOutcomeUnknown, ErrUnsupported
 from dispatch_kubeflow.kube import connection
 from dispatch_kubeflow.kube.connection import connect
+from dispatch_kubeflow.kube.informer import Informer
 from dispatch_kubeflow.probe import check_trainer_api
 from dispatch_kubeflow.settings import (
     Cluster,
@@ -1006,6 +1007,103 @@ async def until(done: Callable[[], bool], what: str, within: float = 30) -> None
         await asyncio.sleep(0.05)
 
 
+def trainjob_read_backs(adapter: Adapter, job: str) -> list[float]:
+    """When the adapter lists the TrainJobs of ``job`` from now on, outside its own watch (each
+    read-back of a stop lists them first; the calls go through)."""
+    custom = adapter.scope.custom
+    listed: list[float] = []
+    original = custom.list_namespaced_custom_object
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        selector = kwargs.get("label_selector", "")
+        if args[3] == TRAINJOBS and not kwargs.get("watch") and f"{LABEL_JOB}={job}" in selector:
+            listed.append(asyncio.get_running_loop().time())
+        return await original(*args, **kwargs)
+
+    custom.list_namespaced_custom_object = recording  # type: ignore[method-assign]
+    return listed
+
+
+@contextlib.asynccontextmanager
+async def held_and_watched(
+    adapter: Adapter, api: client.ApiClient, namespace: str, job: str
+) -> AsyncIterator[tuple[Informer, str, list[float]]]:
+    """``job`` started with a JobSet and a pod that a finalizer holds once deleted, and the
+    adapter's watch showing the pod. Yields the watch's pods, the pod's name, and the job's
+    read-backs from then on."""
+    await adapter.start(JobSpec(job_id=job))
+    trainjob = await read_trainjob(api, namespace, f"{job}-1")
+    _, pod = await make_jobset_and_pod(api, namespace, trainjob)
+    name = str(pod["metadata"]["name"])
+    await hold_pod(api, namespace, name, hold=True)
+    reads = trainjob_read_backs(adapter, job)
+    async with watching(adapter):
+        pods = next(i for i in adapter.supervisor.informers if i.kind == "Pod")
+        await until(lambda: bool(pods.indexed(job)), "the watch to see the pod")
+        yield pods, name, reads
+
+
+async def hold_pod(api: client.ApiClient, namespace: str, name: str, hold: bool) -> None:
+    core: Any = client.CoreV1Api(api)  # its signature omits _content_type
+    patch = {"metadata": {"finalizers": [HOLD] if hold else None}}
+    await core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH)
+
+
+async def test_while_the_adapter_watches_a_stop_reads_back_once_its_job_is_gone(
+    adapter: Adapter, kube_api: client.ApiClient, namespace: str, garbage_collector: None
+) -> None:
+    """However long a pod takes to go, the stop reads back once: when the watch shows it gone."""
+    async with held_and_watched(adapter, kube_api, namespace, "slow") as (pods, pod, reads):
+        stopping = asyncio.ensure_future(adapter.stop_job("slow"))
+
+        def deleting() -> bool:
+            seen = pods.indexed("slow")
+            return bool(seen) and "deletionTimestamp" in seen[0]["metadata"]
+
+        await until(deleting, "the garbage collector to delete the pod")
+        assert not stopping.done()
+        assert reads == []
+        await hold_pod(kube_api, namespace, pod, hold=False)
+        await stopping
+    assert len(reads) == 1
+    with pytest.raises(ErrNotFound):
+        await adapter.find("slow")
+
+
+async def test_a_stop_whose_watch_lags_reads_back_until_the_job_is_gone(
+    adapter: Adapter, kube_api: client.ApiClient, namespace: str, garbage_collector: None
+) -> None:
+    """The watch shows the job gone while the apiserver still has its pod (here the watch is
+    made to lose it): the stop goes on reading back, and returns only once the pod is gone."""
+    async with held_and_watched(adapter, kube_api, namespace, "lagged") as (pods, pod, reads):
+        pods._pop(f"{namespace}/{pod}")
+        stopping = asyncio.ensure_future(adapter.stop_job("lagged"))
+        await until(lambda: len(reads) >= 2, "the stop to read back again")
+        assert not stopping.done()
+        await hold_pod(kube_api, namespace, pod, hold=False)
+        await stopping
+    with pytest.raises(ErrNotFound):
+        await adapter.find("lagged")
+
+
+async def test_a_stop_whose_watch_shows_what_is_gone_reads_back_anyway(
+    adapter: Adapter, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch keeps showing a pod the apiserver no longer has (here one put in its cache): the
+    stop reads back after ``WATCHED_POLL`` and returns, instead of waiting out its bound."""
+    monkeypatch.setattr(stopping, "WATCHED_POLL", timedelta(seconds=0.2))
+    await adapter.start(JobSpec(job_id="ghost"))
+    reads = trainjob_read_backs(adapter, "ghost")
+    async with watching(adapter):
+        pods = next(i for i in adapter.supervisor.informers if i.kind == "Pod")
+        labels = {LABEL_ADAPTER: "default", LABEL_JOB: "ghost", LABEL_ATTEMPT: "1"}
+        pods._put(f"{namespace}/ghost-1-node-0-0", {"metadata": {"labels": labels}})
+        async with asyncio.timeout(10):
+            await adapter.stop_job("ghost")
+        assert pods.indexed("ghost")
+    assert len(reads) == 1
+
+
 def watched_runtime(adapter: Adapter, name: str) -> Obj | None:
     return adapter.supervisor.cached_runtime(RuntimeRef(kind="TrainingRuntime", name=name))
 
@@ -1121,6 +1219,45 @@ async def test_a_workload_that_outlives_its_trainjob_is_found_by_its_uid(
                 "TrainJob/other-1",
                 f"Workload/{other.workload}",
             ]
+
+
+async def test_while_the_adapter_watches_a_stop_waits_for_a_held_workload_on_the_watch(
+    cluster: ControlPlane,
+    namespace: str,
+    runtime: Obj,
+    kube_api: client.ApiClient,
+    garbage_collector: None,
+) -> None:
+    """A Workload that Kueue's finalizer holds after its TrainJob went: the stop reads back once,
+    when the watch shows the Workload gone too."""
+    s = settings_for(cluster, namespace, kueue=Kueue(local_queue="lq"), timeouts=COLLECTED)
+    async with (
+        kueue_stand_in(kube_api, namespace),
+        await Adapter.open(AdapterConfig(settings=s)) as opened,
+    ):
+        held = await opened.start(JobSpec(job_id="held"))
+        assert held.workload is not None
+        await hold_workload(kube_api, namespace, held.workload, hold=True)
+        reads = trainjob_read_backs(opened, "held")
+        async with watching(opened):
+            trainjobs, workloads = (
+                next(i for i in opened.supervisor.informers if i.kind == kind)
+                for kind in ("TrainJob", "Workload")
+            )
+            stopping = asyncio.ensure_future(opened.stop_job("held"))
+
+            def only_the_workload_left() -> bool:
+                left = workloads.indexed(held.uid)
+                return not trainjobs.indexed("held") and bool(left)
+
+            await until(only_the_workload_left, "the TrainJob to go before its Workload")
+            assert not stopping.done()
+            assert reads == []
+            await hold_workload(kube_api, namespace, held.workload, hold=False)
+            await stopping
+        assert len(reads) == 1
+        with pytest.raises(ErrNotFound):
+            await opened.find("held")
 
 
 async def test_start_in_kueue_mode_deletes_the_trainjob_when_no_workload_comes(
