@@ -183,3 +183,27 @@ async def test_the_index_matches_the_cache_after_every_change_and_relist() -> No
     assert checked[-1] == {"y": {"a"}, "x": {"d"}}
     assert [found["metadata"]["name"] for found in informer.indexed("x")] == ["d"]
     assert informer.indexed("z") == []
+
+
+async def test_cached_objects_share_their_keys_across_answers() -> None:
+    """An object from a LIST and one from a watch line, each parsed from its own JSON, hold the
+    same key strings: one copy of each key for the whole cache."""
+
+    async def emit(_item: QueueItem) -> None:
+        pass
+
+    status = {"conditions": [{"type": "Created", "lastTransitionTime": "t"}]}
+    script = Script(
+        Response(200, listing("10", {**obj("a", "1"), "status": status})),
+        Response(200, lines=[{"type": "ADDED", "object": {**obj("b", "2"), "status": status}}]),
+    )
+    informer = Informer(KIND_TRAINJOB, script, emit)
+    await run_until_exhausted(informer, script)
+
+    def keys(item: dict[str, Any]) -> list[str]:
+        condition = item["status"]["conditions"][0]
+        return [*item, *item["metadata"], *condition]
+
+    listed, watched = keys(informer.cache["a"]), keys(informer.cache["b"])
+    assert listed == watched
+    assert all(x is y for x, y in zip(listed, watched, strict=True))
