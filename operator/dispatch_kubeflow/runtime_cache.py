@@ -24,6 +24,7 @@ from dispatch_kubeflow.constants import (
     TRAINING_RUNTIMES,
 )
 from dispatch_kubeflow.kube.informer import Change, Informer, Synced
+from dispatch_kubeflow.kube.objects import metadata_without_managed_fields
 from dispatch_kubeflow.settings import RuntimeRef
 from dispatch_kubeflow.tasks import cancel_and_wait
 
@@ -32,8 +33,7 @@ KIND_CLUSTER_TRAINING_RUNTIME = "ClusterTrainingRuntime"
 
 
 def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return {**obj, "metadata": metadata}
+    return {**obj, "metadata": metadata_without_managed_fields(obj)}
 
 
 async def _nothing_to_derive(_change: Change | Synced) -> None:
@@ -100,8 +100,7 @@ class RuntimeCache:
     def get(self, ref: RuntimeRef) -> dict[str, Any] | None:
         """The runtime as last watched; None when the watch has not got it or is not serving."""
         informer = self.informers.get(ref.kind)
-        serving = informer is not None and informer.synced.is_set() and not informer.last_failure
-        if not self._running or informer is None or not serving:
+        if not self._running or informer is None or not informer.fresh:
             return None
         namespace = self._namespace if ref.kind == KIND_TRAINING_RUNTIME else None
         return informer.get(ref.name, namespace)

@@ -124,7 +124,7 @@ async def _until_gone_on_watch(
     if watch is None or left <= 0:
         return
     with contextlib.suppress(LookupError):
-        await watch.until_gone(job_id, set(uids), min(WATCHED_POLL, timedelta(seconds=left)))
+        await watch.until_gone(job_id, uids, min(WATCHED_POLL, timedelta(seconds=left)))
 
 
 async def delete_trainjobs(scope: Scope, selector: str, *, field: bool = False) -> set[str]:

@@ -409,8 +409,7 @@ class Supervisor:
     def _serving_informer(self, kind: str) -> Informer:
         """The informer of ``kind``; ``LookupError`` unless it runs, has listed, and can list."""
         informer = next((i for i in self.informers if i.kind == kind), None)
-        serving = informer is not None and informer.synced.is_set()
-        if not self._watching or informer is None or not serving or informer.last_failure:
+        if not self._watching or informer is None or not informer.fresh:
             raise LookupError(f"the {kind} watch is not serving")
         return informer
 

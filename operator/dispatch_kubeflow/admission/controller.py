@@ -72,7 +72,15 @@ from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, describe, is_confli
 from dispatch_kubeflow.kube.informer import Change, Informer, ListFn, Synced, Trim
 from dispatch_kubeflow.kube.leaderelection import ElectionTiming, LeaderElector
 from dispatch_kubeflow.kube.leases import ApiLeaseStore
-from dispatch_kubeflow.kube.objects import Obj, dig, key_of, name_of, namespace_of, uid_of
+from dispatch_kubeflow.kube.objects import (
+    Obj,
+    dig,
+    key_of,
+    metadata_without_managed_fields,
+    name_of,
+    namespace_of,
+    uid_of,
+)
 from dispatch_kubeflow.kube.workloads import eviction_count, owner_trainjob
 from dispatch_kubeflow.settings import Cluster
 
@@ -149,14 +157,14 @@ class AdmissionController:
 
     def is_ready(self) -> bool:
         """Leading, or standing by with every informer listed and none failing to list."""
-        return self.elector.is_leader() or all(_fresh(i) for i in self.informers)
+        return self.elector.is_leader() or all(i.fresh for i in self.informers)
 
     def health(self) -> dict[str, Any]:
         """What the readiness endpoint reports."""
         return {
             "ready": self.is_ready(),
             "leading": self.elector.is_leader(),
-            "synced": {i.kind: _fresh(i) for i in self.informers},
+            "synced": {i.kind: i.fresh for i in self.informers},
             "served": sorted(self.served),
         }
 
@@ -450,33 +458,24 @@ async def run_admission(
             await api_client.close()
 
 
-def _fresh(informer: Informer) -> bool:
-    """Listed at least once, and not failing to list now."""
-    return informer.synced.is_set() and informer.last_failure is None
-
-
 # What the informers keep of each object: what the decisions and the serving read, no more.
 
 
-def _metadata(obj: Obj) -> dict[str, Any]:
-    return {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-
-
 def trim_adapter(obj: Obj) -> dict[str, Any]:
-    return {"metadata": _metadata(obj), "spec": obj.get("spec")}
+    return {"metadata": metadata_without_managed_fields(obj), "spec": obj.get("spec")}
 
 
 def trim_workload(obj: Obj) -> dict[str, Any]:
     active = dig(obj, "spec", "active")
     return {
-        "metadata": _metadata(obj),
+        "metadata": metadata_without_managed_fields(obj),
         "spec": {} if active is None else {"active": active},
         "status": obj.get("status") or {},
     }
 
 
 def trim_trainjob(obj: Obj) -> dict[str, Any]:
-    metadata = _metadata(obj)
+    metadata = metadata_without_managed_fields(obj)
     annotations = metadata.get("annotations") or {}
     kept = (ANNOTATION_READMIT, ANNOTATION_REJECT)
     metadata["annotations"] = {k: v for k, v in annotations.items() if k in kept}

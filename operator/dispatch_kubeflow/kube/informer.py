@@ -241,6 +241,11 @@ class Informer:
         # The last failure to list, for a caller that reports why a kind cannot be listed.
         self.last_failure: BaseException | None = None
 
+    @property
+    def fresh(self) -> bool:
+        """Listed at least once, and not failing to list now: its cache can answer."""
+        return self.synced.is_set() and self.last_failure is None
+
     def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self.cache.get(f"{namespace}/{name}" if namespace else name)
 
@@ -387,22 +392,22 @@ class Informer:
 _KEY = "\x00key"
 
 
-def shared_keys(value: Any) -> Any:
+def _shared_keys(value: Any) -> Any:
     """``value`` with every dict key interned: one copy of each key across all cached objects.
 
     JSON parsing shares a key only within one document, so every cached object would carry its
     own copy of the same keys: a third of the cache, measured on 8,000 TrainJob-sized objects.
     """
     if isinstance(value, dict):
-        return {sys.intern(k): shared_keys(v) for k, v in value.items()}
+        return {sys.intern(k): _shared_keys(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [shared_keys(v) for v in value]
+        return [_shared_keys(v) for v in value]
     return value
 
 
 def _with_shared_keys(trim: Trim) -> Trim:
     def trimmed(obj: Mapping[str, Any]) -> dict[str, Any]:
-        kept: dict[str, Any] = shared_keys(trim(obj))
+        kept: dict[str, Any] = _shared_keys(trim(obj))
         return kept
 
     return trimmed

@@ -70,6 +70,11 @@ def key_of(obj: Any) -> str:
     return f"{namespace}/{name_of(obj)}" if namespace else name_of(obj)
 
 
+def metadata_without_managed_fields(obj: Any) -> dict[str, Any]:
+    """An object's metadata but its managedFields, which no reader here needs."""
+    return {k: v for k, v in (dig(obj, "metadata") or {}).items() if k != "managedFields"}
+
+
 def labels_of(obj: Any) -> Mapping[str, str]:
     labels = dig(obj, "metadata", "labels")
     return labels if isinstance(labels, Mapping) else {}
