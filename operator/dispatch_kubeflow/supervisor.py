@@ -670,10 +670,13 @@ class Supervisor:
 
     async def _next(self, tasks: list[asyncio.Task[None]]) -> QueueItem:
         getter = asyncio.ensure_future(self._queue.get())
-        done, _ = await asyncio.wait({getter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({getter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()  # else it waits on the queue for ever, the watch closed or not
         if getter in done:
             return getter.result()
-        getter.cancel()
         for task in done:
             task.result()  # a watch loop only ends by raising: surface it
         raise RuntimeError("a watch loop ended")

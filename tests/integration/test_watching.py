@@ -505,6 +505,23 @@ async def test_plain_mode_without_kueue(
         await w.stop()
 
 
+async def test_a_closed_watch_leaves_no_task_behind(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    """Closing the supervisor's event stream ends every task it made, the one waiting on its
+    queue among them: one left waits for ever, and holds the operator's stop for kopf's 5 s."""
+    before = asyncio.all_tasks()
+    supervisor = Supervisor(kube_api, make_settings(namespace), ADAPTER)
+    w = Watcher(supervisor).start()
+    async with asyncio.timeout(EVENT_TIMEOUT):
+        await asyncio.gather(*(i.synced.wait() for i in supervisor.informers))
+    await asyncio.sleep(0.1)  # nothing is left to derive: the stream waits on its queue
+    await w.stop()
+    await asyncio.sleep(0)  # what a cancelled task's callbacks schedule has run
+    left = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()]
+    assert [t for t in left if not t.done()] == []
+
+
 async def test_objects_of_another_adapter_are_not_watched(world: World, watcher: Watcher) -> None:
     body = {
         "apiVersion": f"{constants.TRAINER_GROUP}/{constants.TRAINER_VERSION}",
