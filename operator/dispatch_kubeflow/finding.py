@@ -14,7 +14,6 @@ derived the way the watch derives it (``derivation.derive``, ``index.node_taints
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -57,6 +56,7 @@ from dispatch_kubeflow.kube.objects import (
 )
 from dispatch_kubeflow.scope import Scope
 from dispatch_kubeflow.settings.names import is_rfc1035_label
+from dispatch_kubeflow.tasks import gathered
 from dispatch_kubeflow.trainjob import job_selector
 
 Obj = dict[str, Any]
@@ -213,7 +213,7 @@ async def objects_of(scope: Scope, job_id: str, known_uids: Iterable[str] = ()) 
         scope, _custom_list(scope, TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, selector)
     )
     uids = {*known_uids, *uids_of(trainjobs)}
-    jobsets, pods, workloads = await asyncio.gather(
+    jobsets, pods, workloads = await gathered(
         _list(scope, _custom_list(scope, JOBSET_GROUP, JOBSET_VERSION, JOBSETS, selector)),
         _list(scope, _pod_list(scope, selector)),
         _workloads_of(scope, job_id, uids),
@@ -268,7 +268,7 @@ async def _list(scope: Scope, list_fn: ListFn) -> list[Obj]:
 async def _node_taints(scope: Scope, pods: Sequence[Obj]) -> dict[str, tuple[Taint, ...]]:
     """The taints of every node the pods are bound to that exists."""
     names = sorted({node for p in pods if (node := node_of(p))})
-    nodes = await asyncio.gather(*(_read_node(scope, n) for n in names))
+    nodes = await gathered(*(_read_node(scope, n) for n in names))
     return {
         name: node_taints(node) for name, node in zip(names, nodes, strict=True) if node is not None
     }

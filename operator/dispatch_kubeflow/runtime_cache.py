@@ -26,7 +26,7 @@ from dispatch_kubeflow.constants import (
 from dispatch_kubeflow.kube.informer import Change, Informer, Synced
 from dispatch_kubeflow.kube.objects import metadata_without_managed_fields
 from dispatch_kubeflow.settings import RuntimeRef
-from dispatch_kubeflow.tasks import cancel_and_wait
+from dispatch_kubeflow.tasks import cancel_and_wait, gathered
 
 KIND_TRAINING_RUNTIME = "TrainingRuntime"
 KIND_CLUSTER_TRAINING_RUNTIME = "ClusterTrainingRuntime"
@@ -92,7 +92,7 @@ class RuntimeCache:
         ]
         self._running = True
         try:
-            await asyncio.gather(*tasks)
+            await gathered(*tasks)
         finally:
             self._running = False
             await cancel_and_wait(*tasks)

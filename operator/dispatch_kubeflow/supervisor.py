@@ -96,7 +96,7 @@ from dispatch_kubeflow.reporting import (
 )
 from dispatch_kubeflow.runtime_cache import RuntimeCache
 from dispatch_kubeflow.settings import RuntimeRef, Settings
-from dispatch_kubeflow.tasks import cancel_and_wait
+from dispatch_kubeflow.tasks import cancel_and_wait, gathered
 
 log = logging.getLogger(__name__)
 
@@ -769,7 +769,7 @@ class Supervisor:
         """
         if obs.pods:
             names = [name_of(pod) for pod in obs.pods if not has_ended(pod)]
-            found = await asyncio.gather(*(self._read_pod(obs, name) for name in names))
+            found = await gathered(*(self._read_pod(obs, name) for name in names))
             read = dict(zip(names, found, strict=True))
         else:
             read = {name_of(pod): pod for pod in await self._list_pods(obs)}

@@ -5,12 +5,21 @@ caller is itself cancelled while it waits, asyncio passes that cancellation on t
 task ends cancelled, and the suppress swallows the caller's cancellation as if it were the task's.
 The caller then runs on when it was asked to stop. ``cancel_and_wait`` waits with
 ``asyncio.wait``, which raises the caller's cancellation and never the tasks'.
+
+A cancellation can also arrive as another exception. ``asyncio.gather`` hands its caller the
+first error of its children; when the caller is cancelled just as one child fails (a request
+refused because the client closed, as it does when the operator stops), the caller gets that
+error, and its cancellation is gone. ``gathered`` raises the cancellation instead, and a loop that
+retries on errors calls ``stop_if_cancelled`` before it tries again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
@@ -27,3 +36,19 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     for task in tasks:
         if not task.cancelled():
             task.exception()
+
+
+def stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the current task has been asked to stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def gathered(*awaitables: Awaitable[T]) -> list[T]:
+    """``asyncio.gather``, but the caller's cancellation is never lost to a child's error."""
+    try:
+        return await asyncio.gather(*awaitables)
+    except Exception:
+        stop_if_cancelled()
+        raise

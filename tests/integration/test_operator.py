@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import threading
+import traceback
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -67,6 +69,37 @@ def kubeconfig(path: Path) -> Iterator[None]:
             os.environ["KUBECONFIG"] = before
 
 
+def where_stuck(thread: threading.Thread) -> str:
+    """The thread's stack and every task left on its event loop, with theirs: what holds it."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    lines = ["thread:\n", *traceback.format_stack(frame)] if frame is not None else []
+    loop = None
+    while frame is not None and loop is None:
+        candidate = frame.f_locals.get("self")
+        loop = candidate if isinstance(candidate, asyncio.AbstractEventLoop) else None
+        frame = frame.f_back
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        lines.append(f"task {task.get_name()}:\n")
+        lines.extend(f"  {where}\n" for where in awaiting(task.get_coro()))
+    return "".join(lines)
+
+
+def awaiting(awaitable: Any) -> Iterator[str]:
+    """Where a suspended coroutine is, down the chain of what each part awaits."""
+    while awaitable is not None:
+        frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "ag_frame", None)
+        frame = frame or getattr(awaitable, "gi_frame", None)
+        if frame is None:
+            yield repr(awaitable)
+            return
+        yield f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        awaitable = (
+            getattr(awaitable, "cr_await", None)
+            or getattr(awaitable, "ag_await", None)
+            or getattr(awaitable, "gi_yieldfrom", None)
+        )
+
+
 @contextlib.asynccontextmanager
 async def running_operator(
     config: Path, namespaces: list[str], events_file: Path, memo: kopf.Memo | None = None
@@ -106,7 +139,7 @@ async def running_operator(
             stop.set()
             await asyncio.to_thread(thread.join, WAIT * 2)
             lines.close()
-    assert not thread.is_alive(), "the operator did not stop"
+    assert not thread.is_alive(), f"the operator did not stop:\n{where_stuck(thread)}"
 
 
 # --- reading and writing the scene ---------------------------------------------------------------

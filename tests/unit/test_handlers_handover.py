@@ -334,6 +334,37 @@ async def test_a_stop_that_fails_is_tried_again_and_holds_the_job_until_it_succe
     assert loop.time() - began >= jobs.RETRY_UNKNOWN + jobs.RETRY_FAILED
 
 
+class FailingWhenCancelled(StoppingAdapter):
+    """An adapter whose first stop, cancelled, ends with an outcome unknown instead: a read-back's
+    request failing (the client closed) as its stop is cancelled, both as the operator stops."""
+
+    async def stop_job(self, job_id: str) -> None:
+        self.tried.append(job_id)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if len(self.tried) > 1:
+                raise
+            raise OutcomeUnknownError("reading the job's objects: Connector is closed.") from None
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_stop_that_fails_as_it_is_cancelled_is_not_tried_again(
+    recorded: Recorded,
+) -> None:
+    """Closing the stops ends each, even one whose cancellation arrived as a failure."""
+    adapter = FailingWhenCancelled()
+    operator = Operator(adapter)
+    operator.memo.registry = StoppingRegistry(adapter)
+    recorded.finalizers["held"] = [STOP_FINALIZER]
+    await operator.delete("held")
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(jobs.RETRY_UNKNOWN * 3):
+        await operator.stops.close()
+    assert adapter.tried == ["held"]
+    assert recorded.finalizers["held"] == [STOP_FINALIZER]
+
+
 async def test_a_job_never_started_whose_adapter_does_not_exist_is_released_without_a_stop(
     recorded: Recorded,
 ) -> None:

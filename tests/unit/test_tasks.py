@@ -1,12 +1,14 @@
-"""``cancel_and_wait``: the caller's own cancellation is never swallowed as the task's."""
+"""``cancel_and_wait`` and ``gathered``: the caller's own cancellation is never lost, neither
+swallowed as a task's nor handed on as a child's error."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from dispatch_kubeflow.tasks import cancel_and_wait
+from dispatch_kubeflow.tasks import cancel_and_wait, gathered, stop_if_cancelled
 
 
 async def test_a_caller_cancelled_while_it_waits_stays_cancelled() -> None:
@@ -57,3 +59,73 @@ async def test_a_task_that_failed_keeps_its_error_for_result() -> None:
 
 async def test_nothing_to_wait_for_returns_at_once() -> None:
     await cancel_and_wait()
+
+
+class Closed(Exception):
+    """What a request raises when its client has closed under it."""
+
+
+async def cancelled_as_a_child_fails(gather: Any) -> asyncio.Task[None]:
+    """A caller of ``gather`` cancelled after one child failed, before gather has seen it.
+
+    The child fails in one step of the loop; gather hears of it in a later one (a done callback),
+    and the caller's cancellation comes between: as when the operator, stopping, closes the API
+    client (a read fails) and then cancels the stop that made the read.
+    """
+    failing = asyncio.Event()
+
+    async def fails() -> None:
+        await failing.wait()
+        raise Closed("Connector is closed.")
+
+    async def caller() -> None:
+        await gather(fails(), asyncio.Event().wait())
+
+    task = asyncio.create_task(caller())
+    await asyncio.sleep(0)  # the caller waits in gather
+    failing.set()
+    await asyncio.sleep(0)  # the child has failed; gather's callback is queued behind this task
+    task.cancel()
+    await asyncio.wait({task})
+    return task
+
+
+async def test_asyncio_gather_hands_on_the_childs_error_in_place_of_the_cancellation() -> None:
+    """Why ``gathered`` exists: this is the race it closes."""
+    task = await cancelled_as_a_child_fails(asyncio.gather)
+    assert not task.cancelled()
+    assert isinstance(task.exception(), Closed)
+
+
+async def test_gathered_raises_the_callers_cancellation_even_as_a_child_fails() -> None:
+    task = await cancelled_as_a_child_fails(gathered)
+    assert task.cancelled()
+
+
+async def test_gathered_hands_on_a_childs_error_when_nobody_cancelled() -> None:
+    async def fails() -> None:
+        raise Closed("refused")
+
+    with pytest.raises(Closed):
+        await gathered(fails(), asyncio.sleep(0))
+    assert await gathered(asyncio.sleep(0, "a"), asyncio.sleep(0, "b")) == ["a", "b"]
+
+
+async def test_stop_if_cancelled_raises_only_in_a_task_asked_to_stop() -> None:
+    stop_if_cancelled()  # not asked: nothing happens
+    checked: list[str] = []
+
+    async def swallows_its_cancellation() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            checked.append("swallowed")
+        stop_if_cancelled()
+        checked.append("went on")
+
+    task = asyncio.create_task(swallows_its_cancellation())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait({task})
+    assert task.cancelled()
+    assert checked == ["swallowed"]

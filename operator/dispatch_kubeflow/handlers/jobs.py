@@ -67,6 +67,7 @@ from dispatch_kubeflow.handlers.status import (
     refuse_attempt,
 )
 from dispatch_kubeflow.settings import RuntimeRef
+from dispatch_kubeflow.tasks import stop_if_cancelled
 from dispatch_kubeflow.trainjob import EnvVar, JobSpec, trainjob_name
 
 ADAPTER_WAIT: Final = 10.0
@@ -391,7 +392,8 @@ async def tried_until_done(
     each try, as the one there at the hand-over may have closed (its settings changed); work
     that failed because its adapter closed under it is tried again at once, an outcome unknown
     in 10 s, any other failure in 60 s. While the adapter is not open the work waits for it,
-    unless ``needs_adapter`` says it no longer needs one.
+    unless ``needs_adapter`` says it no longer needs one. A failure of a cancelled task is never
+    tried again, even one that arrived in place of the cancellation (``stop_if_cancelled``).
     """
     waiting_said = False
     while True:
@@ -406,18 +408,20 @@ async def tried_until_done(
         try:
             await work(adapter)
             return
-        except ErrOutcomeUnknown as error:
-            logger.warning("%s; trying again in %s s", error, RETRY_UNKNOWN)
-            delay = RETRY_UNKNOWN
-        except Exception:
+        except Exception as error:
+            stop_if_cancelled()
             if (
                 adapter is not None
                 and memo.registry.get(target.namespace, target.adapter) is not adapter
             ):
                 logger.info("KubeflowAdapter %r closed during %s: again", target.adapter, what)
                 continue
-            logger.exception("%s failed; trying again in %s s", what, RETRY_FAILED)
-            delay = RETRY_FAILED
+            if isinstance(error, ErrOutcomeUnknown):
+                logger.warning("%s; trying again in %s s", error, RETRY_UNKNOWN)
+                delay = RETRY_UNKNOWN
+            else:
+                logger.exception("%s failed; trying again in %s s", what, RETRY_FAILED)
+                delay = RETRY_FAILED
         await asyncio.sleep(delay)
 
 
