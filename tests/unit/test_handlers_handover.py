@@ -231,6 +231,15 @@ class StoppingRegistry(Registry):
         return self.adapter
 
 
+def stopping(adapter: StoppingAdapter, recorded: Recorded, *held: str) -> Operator:
+    """An operator whose adapter is open at once, and the jobs ``held`` by the stop finalizer."""
+    operator = Operator(adapter)
+    operator.memo.registry = StoppingRegistry(adapter)
+    for name in held:
+        recorded.finalizers[name] = [STOP_FINALIZER]
+    return operator
+
+
 async def test_a_burst_of_creations_is_handed_over_and_starts_at_most_starts_in_flight_at_once(
     recorded: Recorded,
 ) -> None:
@@ -276,11 +285,8 @@ async def test_a_burst_of_deletions_is_handed_over_and_stops_at_most_stops_in_fl
 ) -> None:
     """Every deletion's handler returns at once; each job is released only once it is stopped."""
     adapter = StoppingAdapter(stops_held=True)
-    operator = Operator(adapter)
-    operator.memo.registry = StoppingRegistry(adapter)
     burst = [f"job{index}" for index in range(3 * STOPS_IN_FLIGHT)]
-    for name in burst:
-        recorded.finalizers[name] = [STOP_FINALIZER]
+    operator = stopping(adapter, recorded, *burst)
     pending_before = pending("dispatch_kubeflow_stops_pending")
 
     await asyncio.gather(*(operator.delete(name) for name in burst))
@@ -303,9 +309,7 @@ async def test_the_events_of_a_job_already_stopped_do_not_stop_it_again(
 ) -> None:
     """kopf lags behind a burst: the job's events from before its release come after it."""
     adapter = StoppingAdapter()
-    operator = Operator(adapter)
-    operator.memo.registry = StoppingRegistry(adapter)
-    recorded.finalizers["late"] = [STOP_FINALIZER]
+    operator = stopping(adapter, recorded, "late")
     await operator.delete("late")
     await operator.delete("late")  # while its stop is handed over
     await operator.stops.join()
@@ -320,9 +324,7 @@ async def test_a_stop_that_fails_is_tried_again_and_holds_the_job_until_it_succe
 ) -> None:
     adapter = StoppingAdapter()
     adapter.stop_failures = [OutcomeUnknownError("TrainJob/kept-1 remains"), RuntimeError("boom")]
-    operator = Operator(adapter)
-    operator.memo.registry = StoppingRegistry(adapter)
-    recorded.finalizers["kept"] = [STOP_FINALIZER]
+    operator = stopping(adapter, recorded, "kept")
     loop = asyncio.get_running_loop()
     began = loop.time()
     await operator.delete("kept")
@@ -354,9 +356,7 @@ async def test_a_stop_that_fails_as_it_is_cancelled_is_not_tried_again(
 ) -> None:
     """Closing the stops ends each, even one whose cancellation arrived as a failure."""
     adapter = FailingWhenCancelled()
-    operator = Operator(adapter)
-    operator.memo.registry = StoppingRegistry(adapter)
-    recorded.finalizers["held"] = [STOP_FINALIZER]
+    operator = stopping(adapter, recorded, "held")
     await operator.delete("held")
     await asyncio.sleep(0.05)
     async with asyncio.timeout(jobs.RETRY_UNKNOWN * 3):
@@ -379,9 +379,7 @@ async def test_a_job_never_started_whose_adapter_does_not_exist_is_released_with
 async def test_closing_the_stops_leaves_each_job_held(recorded: Recorded) -> None:
     """The next operator's first listing brings the deleted jobs back, still held."""
     adapter = StoppingAdapter(stops_held=True)
-    operator = Operator(adapter)
-    operator.memo.registry = StoppingRegistry(adapter)
-    recorded.finalizers["held"] = [STOP_FINALIZER]
+    operator = stopping(adapter, recorded, "held")
     await operator.delete("held")
     await asyncio.sleep(0.05)
     await operator.stops.close()
@@ -404,8 +402,7 @@ async def test_a_deletion_withdraws_a_queued_start_and_cancels_one_in_flight_bef
     recorded: Recorded,
 ) -> None:
     adapter = StoppingAdapter(held=True)
-    operator = Operator(adapter)
-    operator.memo.registry = StoppingRegistry(adapter)
+    operator = stopping(adapter, recorded)
     names = [f"job{index}" for index in range(STARTS_IN_FLIGHT + 1)]
     for name in names:
         await operator.create(name)
