@@ -535,6 +535,14 @@ def test_kopf_skips_events_older_than_its_own_patch_for_up_to_a_minute() -> None
     assert settings.persistence.consistency_timeout == 60.0
 
 
+def test_kopf_lets_an_idle_objects_worker_go_within_a_second() -> None:
+    """An idle worker holds the last DispatchJob it handled: in a burst, one per job would."""
+    settings = kopf.OperatorSettings()
+    default = settings.queueing.idle_timeout
+    apply_settings(settings)
+    assert settings.queueing.idle_timeout == 1.0 < default
+
+
 class Cause:
     """What kopf's context holds while a handler runs (its cause: the body, the patch)."""
 

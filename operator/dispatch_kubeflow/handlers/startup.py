@@ -44,11 +44,16 @@ REQUEST_TIMEOUT: Final = 60
 # before the patch that marked a change handled (in kopf's annotation) then arrives later, and
 # the change is handled a second time.
 CONSISTENCY_TIMEOUT: Final = 60.0
+# How long kopf keeps an object's worker once its events stop. Each idle worker holds the last
+# event's whole DispatchJob; kopf's default (5 s) keeps one for every job with an event in the
+# last 5 s, which in a burst is most of them. A new event starts a new worker, at little cost.
+WORKER_IDLE: Final = 1.0
 
 
 def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT
+    settings.queueing.idle_timeout = WORKER_IDLE
     settings.persistence.progress_storage = ProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = DispatchJobDiffBase(prefix=GROUP, key=DIFFBASE_KEY)
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
