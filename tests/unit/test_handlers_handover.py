@@ -473,24 +473,31 @@ async def test_a_handed_over_start_whose_outcome_is_unknown_is_tried_again(
 class Reopening(SlowAdapter):
     """An adapter whose settings changed during a start: the operator reopens it, closing this."""
 
-    def __init__(self, registry: Registry, reopened: SlowAdapter) -> None:
+    def __init__(self, registry: Registry, reopened: SlowAdapter, error: Exception) -> None:
         super().__init__()
         self.registry = registry
         self.reopened = reopened
+        self.error = error
 
     async def start(self, job: JobSpec) -> None:
         self.tried.append(job.job_id)
         self.registry.adapter = self.reopened
-        raise RuntimeError("Session is closed")
+        raise self.error
 
 
 @pytest.mark.looptime(start=0)
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("Session is closed"), OutcomeUnknownError("Connector is closed.")],
+    ids=["failed", "outcome-unknown"],
+)
 async def test_a_start_whose_adapter_closed_under_it_is_tried_again_at_once_on_the_new_one(
-    recorded: Recorded,
+    recorded: Recorded, error: Exception
 ) -> None:
+    """Whatever the failure: a request of a closed adapter's client says nothing of the job."""
     reopened = SlowAdapter()
     operator = Operator(reopened)
-    closing = Reopening(operator.memo.registry, reopened)
+    closing = Reopening(operator.memo.registry, reopened, error)
     operator.memo.registry.adapter = closing
     loop = asyncio.get_running_loop()
     began = loop.time()
