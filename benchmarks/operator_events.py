@@ -11,16 +11,16 @@ in a temporary folder, with an audit log of the operator's own identity. Four pr
 share the machine:
 
 - the operator, ``dispatch-kubeflow run --namespace NS`` (kopf with the project's handlers),
-  as its own user, serving one KubeflowAdapter in Kueue mode;
+  as its own ServiceAccount (``--identities``), serving one KubeflowAdapter in Kueue mode;
 - a bare watcher (the floor): a LIST+WATCH of TrainJobs, Workloads, JobSets and pods with
   kubernetes_asyncio that only parses each line and notes when it saw each resourceVersion;
 - an observer: a LIST+WATCH of DispatchJobs noting when each event type first shows in a
   DispatchJob's ``status.events``, as ``kubectl get dj -w`` would show it;
-- this process, which plays Kueue, Trainer and JobSet: it creates the DispatchJobs, gives each
-  TrainJob the operator creates a Workload, a JobSet and one pod, writes five transitions per
-  job as ``watch_events.py`` does (Admitted, Running, Restarted, Evicted, Finished), then
-  deletes the DispatchJobs and, as the garbage collector would, the children of each deleted
-  TrainJob.
+- this process, which plays Kueue, Trainer and JobSet as a ServiceAccount of its own (the two
+  watchers' too): it creates the DispatchJobs, gives each TrainJob the operator creates a
+  Workload, a JobSet and one pod, writes five transitions per job as ``watch_events.py`` does
+  (Admitted, Running, Restarted, Evicted, Finished), then deletes the DispatchJobs and, as the
+  garbage collector would, the children of each deleted TrainJob.
 
 Printed, as JSON: for each transition, the latency from just before the upstream write that makes
 the event to the DispatchJob status showing it (p50, p99, max), beside the floor's (the bare
@@ -76,6 +76,8 @@ from tests.cluster import binaries  # noqa: E402
 from tests.cluster.controlplane import ADMIN_USER, ControlPlane  # noqa: E402
 
 OPERATOR_USER = "dispatch-operator"
+OPERATOR_ACCOUNT = "dispatch-operator"
+BENCHMARK_ACCOUNT = "dispatch-benchmark"
 RUNTIME: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
 UPSTREAM = ("trainjobs", "workloads", "jobsets", "pods")
 # Watches end server-side well before aiohttp's default 5-minute total timeout.
@@ -84,7 +86,7 @@ PHASE_LIMIT = 900.0
 RETRIES = 5
 DELETED = "Deleted"
 # Every request of the operator; the benchmark's own patches (it plays the upstream controllers
-# as the admin) only to time how long the apiserver takes over the writes of the first trip.
+# as its own identity) only to time how long the apiserver takes over the writes of the first trip.
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -129,9 +131,43 @@ class ProfiledControlPlane(ControlPlane):
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class Identities:
+    """Who the audit log names: the operator, and the benchmark (the upstream controllers it
+    plays, the floor and the observer).
+
+    By default both are ServiceAccounts with bearer tokens, as a cluster's controllers are; with
+    ``--identities certificates``, client certificates in ``system:masters``, as the benchmark's
+    runs before ``--identities`` were. kube-apiserver verifies a certificate's chain on every
+    request and caches a token's verification, so certificates cost the shared cores more.
+    """
+
+    operator: str
+    benchmark: str
+    tokens: bool
+
+    @classmethod
+    def chosen(cls, kind: str, namespace: str) -> Identities:
+        if kind == "certificates":
+            return cls(OPERATOR_USER, ADMIN_USER, tokens=False)
+        account = f"system:serviceaccount:{namespace}:"
+        return cls(account + OPERATOR_ACCOUNT, account + BENCHMARK_ACCOUNT, tokens=True)
+
+    def kubeconfigs(self, plane: ControlPlane, namespace: str) -> tuple[Path, Path]:
+        """The operator's kubeconfig and the benchmark's, in ``namespace`` (made already)."""
+        if not self.tokens:
+            return plane.kubeconfig_for(OPERATOR_USER, ["system:masters"]), plane.kubeconfig
+        return (
+            plane.kubeconfig_for_service_account(namespace, OPERATOR_ACCOUNT, "cluster-admin"),
+            plane.kubeconfig_for_service_account(namespace, BENCHMARK_ACCOUNT, "cluster-admin"),
+        )
+
+
 class AuditedControlPlane(ProfiledControlPlane):
-    """The test control plane, logging every request of ``OPERATOR_USER`` and the admin's
+    """The test control plane, logging every request of the operator and the benchmark's
     patches (metadata only)."""
+
+    identities = Identities(OPERATOR_USER, ADMIN_USER, tokens=False)
 
     @property
     def audit_log(self) -> Path:
@@ -139,7 +175,7 @@ class AuditedControlPlane(ProfiledControlPlane):
 
     def _apiserver_args(self) -> list[str]:
         policy = self.run_dir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY % (OPERATOR_USER, ADMIN_USER))
+        policy.write_text(AUDIT_POLICY % (self.identities.operator, self.identities.benchmark))
         return [
             *super()._apiserver_args(),
             f"--audit-policy-file={policy}",
@@ -156,10 +192,11 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def control_plane(profiling: bool = False) -> Iterator[AuditedControlPlane]:
+def control_plane(identities: Identities, profiling: bool = False) -> Iterator[AuditedControlPlane]:
     binaries.build()
     with tempfile.TemporaryDirectory(prefix="control-plane-") as run_dir:
         plane = AuditedControlPlane(Path(run_dir))
+        plane.identities = identities
         plane.profiling = profiling
         (plane.run_dir / "logs").mkdir(parents=True)
         plane.start()
@@ -549,9 +586,14 @@ class Player:
 
 
 class Run:
-    def __init__(self, args: argparse.Namespace, plane: AuditedControlPlane) -> None:
+    def __init__(
+        self, args: argparse.Namespace, plane: AuditedControlPlane, kubeconfig: Path
+    ) -> None:
         self.args = args
         self.plane = plane
+        # The benchmark's own identity: it plays the upstream controllers with it.
+        self.kubeconfig = kubeconfig
+        self.identities = plane.identities
         self.namespace = args.namespace
         self.marks: dict[str, list[tuple[float, float]]] = {
             "create": [],
@@ -571,7 +613,7 @@ class Run:
         self.undeleted = 0
 
     async def drive(self, operator: Operator, events: Events) -> None:
-        api = await api_client(self.plane.kubeconfig)
+        api = await api_client(self.kubeconfig)
         cluster = Cluster(api, self.namespace)
         player = Player(cluster, self.args.concurrency)
         listed = asyncio.Event()
@@ -757,7 +799,7 @@ class Run:
         per = {"create": total, "transition": len(self.written), "delete": total}
         counted: dict[str, Counter[str]] = {phase: Counter() for phase in self.marks}
         for request in audited:
-            if request.user != OPERATOR_USER:
+            if request.user != self.identities.operator:
                 continue
             for phase, windows in self.marks.items():
                 if any(a <= request.at < b for a, b in windows):
@@ -773,7 +815,8 @@ class Run:
         """How long the apiserver took over each write of the two trips, during the transitions:
         the benchmark's upstream patches (the first) and the operator's status patches (the
         second), from receiving the request to completing the response."""
-        upstream = [r.seconds for r in self._in_transitions(audited) if r.user == ADMIN_USER]
+        benchmark = self.identities.benchmark
+        upstream = [r.seconds for r in self._in_transitions(audited) if r.user == benchmark]
         status = [r.seconds for r in self._status_patches(audited)]
         return {
             "upstream_patch": percentiles(upstream) if upstream else None,
@@ -821,7 +864,7 @@ class Run:
         return [
             r
             for r in self._in_transitions(audited)
-            if r.user == OPERATOR_USER and r.what == "patch dispatchjobs/status"
+            if r.user == self.identities.operator and r.what == "patch dispatchjobs/status"
         ]
 
 
@@ -852,33 +895,41 @@ def main() -> int:
         default="all",
         help="the operator's --job-events: which transitions also post a Kubernetes Event",
     )
+    parser.add_argument(
+        "--identities",
+        choices=("tokens", "certificates"),
+        default="tokens",
+        help="how the operator and the benchmark authenticate: ServiceAccount tokens, as in a "
+        "cluster, or client certificates in system:masters",
+    )
     args = parser.parse_args()
     if args.keep and args.rounds != 1:
         parser.error("--keep runs one round")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     context = multiprocessing.get_context("spawn")
-    with control_plane(profiling=args.profile is not None) as plane:
+    identities = Identities.chosen(args.identities, args.namespace)
+    with control_plane(identities, profiling=args.profile is not None) as plane:
         asyncio.run(prepare(plane.kubeconfig, args.namespace))
-        admin = str(plane.kubeconfig)
+        operator_config, benchmark_config = identities.kubeconfigs(plane, args.namespace)
+        own = str(benchmark_config)
         floor_out, floor_ready = context.Queue(), context.Event()
         shown_out, shown_ready = context.Queue(), context.Event()
         watchers = [
-            context.Process(target=floor, args=(admin, args.namespace, floor_out, floor_ready)),
-            context.Process(target=observe, args=(admin, args.namespace, shown_out, shown_ready)),
+            context.Process(target=floor, args=(own, args.namespace, floor_out, floor_ready)),
+            context.Process(target=observe, args=(own, args.namespace, shown_out, shown_ready)),
         ]
         for watcher in watchers:
             watcher.start()
         assert floor_ready.wait(60), "the bare watcher did not list"
         assert shown_ready.wait(60), "the observer did not list"
         events = Events(shown_out)
-        operator_config = plane.kubeconfig_for(OPERATOR_USER, ["system:masters"])
         operator = Operator(
             operator_config,
             args.namespace,
             args.operator_log or plane.run_dir / "operator.log",
             args.job_events,
         )
-        run = Run(args, plane)
+        run = Run(args, plane, benchmark_config)
         try:
             asyncio.run(run.drive(operator, events))
             peak = operator.peak_rss_mib()
@@ -898,6 +949,7 @@ def main() -> int:
             "transitions": transitions,
             "rate_limit_per_second": args.rate or None,
             "job_events": args.job_events,
+            "identities": args.identities,
             "create_seconds": round(run.create_seconds, 1),
             "starts_per_second": round(args.jobs * args.rounds / run.create_seconds, 1),
             "creation_cpu_ms_per_start": {

@@ -117,7 +117,8 @@ class ControlPlane(Supervised):
         try:
             self._start_etcd()
             self.start_apiserver()
-            self._write_kubeconfig(self.kubeconfig, ADMIN_USER, ["system:masters"])
+            admin = self._certificate(ADMIN_USER, ["system:masters"])
+            self._write_kubeconfig(self.kubeconfig, ADMIN_USER, admin)
             self._wait_for_default_namespace()
             if install_crds:
                 self.install_crds()
@@ -226,7 +227,33 @@ class ControlPlane(Supervised):
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
         path = self.run_dir / "users" / f"{safe}.kubeconfig"
         path.parent.mkdir(exist_ok=True)
-        self._write_kubeconfig(path, user, list(groups or []))
+        self._write_kubeconfig(path, user, self._certificate(user, list(groups or [])))
+        return path
+
+    def kubeconfig_for_service_account(
+        self, namespace: str, name: str, cluster_role: str, hours: int = 24
+    ) -> Path:
+        """A kubeconfig whose bearer token authenticates as the ServiceAccount `namespace/name`,
+        which this makes and binds to `cluster_role` across the cluster.
+
+        The token is a TokenRequest's, valid `hours`. This is how a cluster's controllers
+        authenticate, and it costs the apiserver less than a client certificate: the apiserver
+        caches a token's verification, but it verifies a certificate's chain on every request.
+        """
+        self.kubectl("create", "serviceaccount", name, f"--namespace={namespace}")
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            f"{namespace}.{name}",
+            f"--clusterrole={cluster_role}",
+            f"--serviceaccount={namespace}:{name}",
+        )
+        token = self.kubectl(
+            "create", "token", name, f"--namespace={namespace}", f"--duration={hours}h"
+        ).strip()
+        path = self.run_dir / "users" / f"{namespace}.{name}.token.kubeconfig"
+        path.parent.mkdir(exist_ok=True)
+        self._write_kubeconfig(path, f"{namespace}.{name}", {"token": token})
         return path
 
     def install_crds(self) -> list[str]:
@@ -431,9 +458,16 @@ class ControlPlane(Supervised):
     def _ca(self) -> CertificateAuthority:
         return CertificateAuthority.load(self._pki / "ca.crt", self._pki / "ca.key")
 
-    def _write_kubeconfig(self, path: Path, user: str, groups: list[str]) -> None:
+    def _certificate(self, user: str, groups: list[str]) -> dict[str, str]:
+        """A kubeconfig user's client certificate and key for `user` in `groups`."""
+        pair: KeyPair = self._ca().client_pair(user, groups)
+        return {
+            "client-certificate-data": _b64(pair.cert_pem),
+            "client-key-data": _b64(pair.key_pem),
+        }
+
+    def _write_kubeconfig(self, path: Path, user: str, credentials: dict[str, str]) -> None:
         ca = self._ca()
-        pair: KeyPair = ca.client_pair(user, groups)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -446,15 +480,7 @@ class ControlPlane(Supervised):
                     },
                 }
             ],
-            "users": [
-                {
-                    "name": user,
-                    "user": {
-                        "client-certificate-data": _b64(pair.cert_pem),
-                        "client-key-data": _b64(pair.key_pem),
-                    },
-                }
-            ],
+            "users": [{"name": user, "user": credentials}],
             "contexts": [{"name": user, "context": {"cluster": CLUSTER_NAME, "user": user}}],
             "current-context": user,
         }

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 import aiohttp
 import pytest
+import yaml
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -374,6 +376,19 @@ async def test_watch_continues_across_apiserver_restart(
             await watcher
 
 
+async def once_authorized(request: Callable[[], Awaitable[T]]) -> T:
+    """``request``'s answer once RBAC allows it: the authorizer reads bindings from an informer,
+    so a binding just made takes a moment to count."""
+    async with asyncio.timeout(EVENT_TIMEOUT):
+        while True:
+            try:
+                return await request()
+            except ApiException as error:
+                if error.status != 403:
+                    raise
+                await asyncio.sleep(0.1)
+
+
 async def test_restricted_identity_gets_only_what_its_role_grants(
     cluster: ControlPlane, kube_api: client.ApiClient, namespace: str
 ) -> None:
@@ -409,16 +424,9 @@ async def test_restricted_identity_gets_only_what_its_role_grants(
     )
     try:
         as_user = client.CoreV1Api(restricted)
-        # The RBAC authorizer reads bindings from an informer: allow it a moment to see ours.
-        async with asyncio.timeout(EVENT_TIMEOUT):
-            while True:
-                try:
-                    config_map = await as_user.read_namespaced_config_map("settings", namespace)
-                    break
-                except ApiException as error:
-                    if error.status != 403:
-                        raise
-                    await asyncio.sleep(0.1)
+        config_map = await once_authorized(
+            partial(as_user.read_namespaced_config_map, "settings", namespace)
+        )
         assert config_map.metadata.name == "settings"
 
         with pytest.raises(ApiException) as refused:
@@ -431,6 +439,34 @@ async def test_restricted_identity_gets_only_what_its_role_grants(
         assert refused_elsewhere.value.status == 403
     finally:
         await restricted.close()
+
+
+async def test_a_service_account_token_authenticates_as_the_account_with_its_role(
+    cluster: ControlPlane, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """The benchmarks' identities are ServiceAccount tokens, as a cluster's controllers' are."""
+    reader = client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["list"])
+    role = f"{namespace}-reader"
+    await client.RbacAuthorizationV1Api(kube_api).create_cluster_role(
+        client.V1ClusterRole(metadata=meta(role), rules=[reader])
+    )
+    kubeconfig = cluster.kubeconfig_for_service_account(namespace, "token-user", role)
+    assert "token" in yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]
+    api = await config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        review = await client.AuthenticationV1Api(api).create_self_subject_review(
+            client.V1SelfSubjectReview()
+        )
+        assert review.status.user_info.username == f"system:serviceaccount:{namespace}:token-user"
+        as_account = client.CoreV1Api(api)
+        await once_authorized(partial(as_account.list_namespaced_config_map, namespace))
+        with pytest.raises(ApiException) as refused:
+            await as_account.create_namespaced_config_map(
+                namespace, client.V1ConfigMap(metadata=meta("written"))
+            )
+        assert refused.value.status == 403
+    finally:
+        await api.close()
 
 
 async def test_watch_from_compacted_resource_version_gets_410(
