@@ -83,6 +83,7 @@ from dispatch_kubeflow.kube.objects import (
 )
 from dispatch_kubeflow.kube.workloads import eviction_count, owner_trainjob
 from dispatch_kubeflow.settings import Cluster
+from dispatch_kubeflow.tasks import stop_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +242,7 @@ class AdmissionController:
             try:
                 await informer.run()
             except Exception:
+                stop_if_cancelled()
                 log.exception("admission: watching %s failed; listing again", informer.kind)
             await asyncio.sleep(self.cfg.retry_backoff)
 

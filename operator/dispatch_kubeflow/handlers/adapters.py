@@ -51,7 +51,7 @@ from dispatch_kubeflow.handlers.kube import update_status
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.handlers.reported import DispatchJobStatusStore
 from dispatch_kubeflow.settings import Settings, parse_settings_object
-from dispatch_kubeflow.tasks import cancel_and_wait
+from dispatch_kubeflow.tasks import cancel_and_wait, stop_if_cancelled
 
 # How the probe's failures read while it raised ErrUnsupported rather than ProbeError.
 PREFLIGHT_PREFIX: Final = "preflight probe: "
@@ -296,6 +296,7 @@ class AdapterSession:
                 raise
             except Exception as error:  # every failure is shown, then retried
                 await _close(config.store)
+                stop_if_cancelled()
                 self.logger.warning("opening the adapter failed: %s", error)
                 await self.write(open_failed_status(error, self.generation))
                 await asyncio.sleep(delay)
@@ -319,6 +320,7 @@ class AdapterSession:
         except asyncio.CancelledError:
             raise
         except Exception as error:
+            stop_if_cancelled()
             self.logger.warning("the adapter's watch failed: %s", error)
             await self.write(watch_failed_status(error, self.generation))
         finally:

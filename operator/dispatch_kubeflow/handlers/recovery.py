@@ -46,6 +46,7 @@ from dispatch_kubeflow.handlers.jobs import serving_adapter
 from dispatch_kubeflow.handlers.kube import read_object, update_status
 from dispatch_kubeflow.kube.apierrors import REQUEST_ERRORS, is_invalid, is_not_found
 from dispatch_kubeflow.kube.objects import dig
+from dispatch_kubeflow.tasks import stop_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,7 @@ async def _when_due(
             await carry_out(memo, namespace, name, decision.event, clock)
             return
         except RETRIED as error:
+            stop_if_cancelled()
             log.warning("recovery of %s/%s: %s; trying again", namespace, name, error)
             decision = Decision(
                 decision.action,

@@ -37,7 +37,7 @@ from dispatch_kubeflow.kube.apierrors import (
     to_dispatch_error,
 )
 from dispatch_kubeflow.kube.objects import key_of, resource_version_of
-from dispatch_kubeflow.tasks import cancel_and_wait
+from dispatch_kubeflow.tasks import cancel_and_wait, stop_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class Backoff:
         self._delay = 0.0
 
     async def sleep(self) -> None:
+        """Wait before a retry; raise instead if the task was asked to stop (its cancellation
+        may have arrived as the error being retried)."""
+        stop_if_cancelled()
         self._delay = min(self._ceiling, max(0.5, self._delay * 2))
         await asyncio.sleep(self._delay * random.uniform(0.8, 1.2))
 
