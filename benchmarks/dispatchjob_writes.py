@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,25 @@ def stripped_crd() -> dict[str, Any]:
     crd["spec"]["group"] = STRIPPED_GROUP
     crd["metadata"]["name"] = f"{DISPATCH_JOBS}.{STRIPPED_GROUP}"
     return crd
+
+
+async def apiserver_cpu_us(
+    apiserver_pid: int, requests: int, concurrency: int, request: Callable[[int], Awaitable[None]]
+) -> tuple[float, float]:
+    """kube-apiserver's CPU microseconds per request over ``requests`` calls of ``request``
+    (numbered from 0), ``concurrency`` in flight; and the requests per second."""
+    queue = iter(range(requests))
+
+    async def worker() -> None:
+        for i in queue:
+            await request(i)
+
+    before = process_cpu_seconds(apiserver_pid)
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.monotonic() - started
+    cpu = process_cpu_seconds(apiserver_pid) - before
+    return cpu * 1e6 / requests, requests / wall
 
 
 class Bench:
@@ -111,18 +130,11 @@ class Bench:
         self, names: list[str], writes: int, write: Callable[[int, str], Awaitable[None]]
     ) -> tuple[float, float]:
         """kube-apiserver's CPU microseconds per write, and the writes per second."""
-        queue = iter(range(writes))
 
-        async def worker() -> None:
-            for i in queue:
-                await write(i, names[i % len(names)])
+        async def one(i: int) -> None:
+            await write(i, names[i % len(names)])
 
-        before = process_cpu_seconds(self.apiserver_pid)
-        started = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
-        wall = time.monotonic() - started
-        cpu = process_cpu_seconds(self.apiserver_pid) - before
-        return cpu * 1e6 / writes, writes / wall
+        return await apiserver_cpu_us(self.apiserver_pid, writes, self.concurrency, one)
 
     async def metadata_writes(
         self, group: str, names: list[str], writes: int, batch: int
@@ -217,10 +229,22 @@ def main() -> int:
         help=f"record kube-apiserver's CPU profile over the first {PROFILE_SECONDS} s here",
     )
     args = parser.parse_args()
+    return print_measured(measure, args, profiling=args.profile is not None)
+
+
+Measured = Coroutine[Any, Any, dict[str, Any]]
+
+
+def print_measured(
+    measure: Callable[[ProfiledControlPlane, argparse.Namespace], Measured],
+    args: argparse.Namespace,
+    profiling: bool = False,
+) -> int:
+    """Print, as JSON, what ``measure`` finds on a test control plane of its own."""
     binaries.build()
     with tempfile.TemporaryDirectory(prefix="control-plane-") as run_dir:
         plane = ProfiledControlPlane(Path(run_dir))
-        plane.profiling = args.profile is not None
+        plane.profiling = profiling
         plane.start()
         try:
             result = asyncio.run(measure(plane, args))
