@@ -75,8 +75,8 @@ from dispatch_kubeflow import constants  # noqa: E402
 from tests.cluster import binaries  # noqa: E402
 from tests.cluster.controlplane import ADMIN_USER, ControlPlane  # noqa: E402
 
-OPERATOR_USER = "dispatch-operator"
-OPERATOR_ACCOUNT = "dispatch-operator"
+# The operator's user name as a certificate, and its ServiceAccount's name as a token.
+OPERATOR_USER = OPERATOR_ACCOUNT = "dispatch-operator"
 BENCHMARK_ACCOUNT = "dispatch-benchmark"
 RUNTIME: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
 UPSTREAM = ("trainjobs", "workloads", "jobsets", "pods")

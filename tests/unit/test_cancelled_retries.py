@@ -6,8 +6,8 @@ in flight can then fail ("Connector is closed") in place of the cancellation, an
 raise the cancellation again at the next await. A loop that took that failure for one to retry
 would run on, and the process would not stop. Each loop here is cancelled while its call waits,
 the call fails instead of ending cancelled, and the loop must end cancelled without calling again.
-The calls are stand-ins: a real apiserver cannot be made to fail a request at the moment of a
-cancellation.
+The calls are stand-ins (``tests/unit/cancelling.py``): a real apiserver cannot be made to fail a
+request at the moment of a cancellation.
 """
 
 from __future__ import annotations
@@ -32,32 +32,12 @@ from dispatch_kubeflow.handlers import recovery
 from dispatch_kubeflow.handlers.adapters import AdapterSession, AdapterStatus
 from dispatch_kubeflow.handlers.registry import AdapterRegistry, EventLines
 from dispatch_kubeflow.kube.informer import Informer
+from tests.unit.cancelling import FailsWhenCancelled
 
 # Longer than any first retry's wait: a loop that retries has called again by then.
 PATIENCE = 60.0
 
 pytestmark = pytest.mark.looptime(start=0)
-
-
-class FailsWhenCancelled:
-    """A call that waits until it is cancelled, then fails with ``error`` instead; a call after
-    the first ends cancelled, so a loop that did go on can still be stopped."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-        self.calls = 0
-        self.waiting = asyncio.Event()
-
-    async def __call__(self, *_: Any, **__: Any) -> Any:
-        self.calls += 1
-        self.waiting.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            if self.calls > 1:
-                raise
-            raise self.error from None
-        raise AssertionError("only a cancellation ends the wait")
 
 
 async def assert_ends_cancelled(loop: Coroutine[Any, Any, Any], call: FailsWhenCancelled) -> None:

@@ -35,6 +35,7 @@ from dispatch_kubeflow.handlers.handover import (
 from dispatch_kubeflow.handlers.serving import ADAPTERS_BY_NAME, AdapterSighting
 from dispatch_kubeflow.handlers.startup import apply_settings
 from dispatch_kubeflow.trainjob import JobSpec
+from tests.unit.cancelling import FailsWhenCancelled
 
 NAMESPACE = "team-a"
 LOG = logging.getLogger(__name__)
@@ -340,14 +341,15 @@ class FailingWhenCancelled(StoppingAdapter):
     """An adapter whose first stop, cancelled, ends with an outcome unknown instead: a read-back's
     request failing (the client closed) as its stop is cancelled, both as the operator stops."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading_back = FailsWhenCancelled(
+            OutcomeUnknownError("reading the job's objects: Connector is closed.")
+        )
+
     async def stop_job(self, job_id: str) -> None:
         self.tried.append(job_id)
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            if len(self.tried) > 1:
-                raise
-            raise OutcomeUnknownError("reading the job's objects: Connector is closed.") from None
+        await self.reading_back()
 
 
 @pytest.mark.looptime(start=0)
