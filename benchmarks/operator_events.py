@@ -11,7 +11,8 @@ in a temporary folder, with an audit log of the operator's own identity. Four pr
 share the machine:
 
 - the operator, ``dispatch-kubeflow run --namespace NS`` (kopf with the project's handlers),
-  as its own ServiceAccount (``--identities``), serving one KubeflowAdapter in Kueue mode;
+  as its own ServiceAccount holding the chart's ClusterRole (``--identities``), serving one
+  KubeflowAdapter in Kueue mode;
 - a bare watcher (the floor): a LIST+WATCH of TrainJobs, Workloads, JobSets and pods with
   kubernetes_asyncio that only parses each line and notes when it saw each resourceVersion;
 - an observer: a LIST+WATCH of DispatchJobs noting when each event type first shows in a
@@ -74,10 +75,19 @@ from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 from dispatch_kubeflow import constants  # noqa: E402
 from tests.cluster import binaries  # noqa: E402
 from tests.cluster.controlplane import ADMIN_USER, ControlPlane  # noqa: E402
+from tests.integration.rbac import OPERATOR_CLUSTER_ROLE, chart_rules  # noqa: E402
 
 # The operator's user name as a certificate, and its ServiceAccount's name as a token.
 OPERATOR_USER = OPERATOR_ACCOUNT = "dispatch-operator"
 BENCHMARK_ACCOUNT = "dispatch-benchmark"
+# The chart's ClusterRole for an operator serving every namespace: the operator's token holds
+# exactly the rights a Helm install grants it.
+CHART_CLUSTER_ROLE: dict[str, Any] = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRole",
+    "metadata": {"name": OPERATOR_ACCOUNT},
+    "rules": chart_rules(*OPERATOR_CLUSTER_ROLE),
+}
 RUNTIME: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "runtime.yaml").read_text())
 UPSTREAM = ("trainjobs", "workloads", "jobsets", "pods")
 # Watches end server-side well before aiohttp's default 5-minute total timeout.
@@ -136,7 +146,8 @@ class Identities:
     """Who the audit log names: the operator, and the benchmark (the upstream controllers it
     plays, the floor and the observer).
 
-    By default both are ServiceAccounts with bearer tokens, as a cluster's controllers are; with
+    By default both are ServiceAccounts with bearer tokens, as a cluster's controllers are: the
+    operator's bound to the chart's ClusterRole, the benchmark's to ``cluster-admin``. With
     ``--identities certificates``, client certificates in ``system:masters``, as the benchmark's
     runs before ``--identities`` were. kube-apiserver verifies a certificate's chain on every
     request and caches a token's verification, so certificates cost the shared cores more.
@@ -157,8 +168,9 @@ class Identities:
         """The operator's kubeconfig and the benchmark's, in ``namespace`` (made already)."""
         if not self.tokens:
             return plane.kubeconfig_for(OPERATOR_USER, ["system:masters"]), plane.kubeconfig
+        plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(CHART_CLUSTER_ROLE))
         return (
-            plane.kubeconfig_for_service_account(namespace, OPERATOR_ACCOUNT, "cluster-admin"),
+            plane.kubeconfig_for_service_account(namespace, OPERATOR_ACCOUNT, OPERATOR_ACCOUNT),
             plane.kubeconfig_for_service_account(namespace, BENCHMARK_ACCOUNT, "cluster-admin"),
         )
 

@@ -8,13 +8,31 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import yaml
 from kubernetes_asyncio import client
 
 RBAC_GROUP: Final = "rbac.authorization.k8s.io"
+CHART_FILES: Final = Path(__file__).resolve().parents[2] / "charts" / "dispatch-kubeflow" / "files"
+# The files the chart's ClusterRole is made of when the operator serves every namespace.
+OPERATOR_CLUSTER_ROLE: Final = (
+    "operator-cluster",
+    "adapter-cluster",
+    "operator",
+    "adapter",
+    "adapter-lease",
+)
 # A PolicyRule's fields, as YAML spells them.
 RULE_FIELDS: Final = frozenset(
     {"apiGroups", "resources", "resourceNames", "nonResourceURLs", "verbs"}
 )
+
+
+def chart_rules(*names: str) -> list[dict[str, Any]]:
+    """The PolicyRules of the chart's ``files/rbac-<name>.yaml``, in order."""
+    rules: list[dict[str, Any]] = []
+    for name in names:
+        rules += yaml.safe_load((CHART_FILES / f"rbac-{name}.yaml").read_text())
+    return rules
 
 
 def policy_rule(rule: Mapping[str, Any]) -> client.V1PolicyRule:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -24,7 +23,7 @@ from dispatch_kubeflow.events import DispatchEvent
 from dispatch_kubeflow.settings import Cluster, Kueue
 from dispatch_kubeflow.trainjob import JobSpec
 from tests.cluster.controlplane import ControlPlane
-from tests.integration.rbac import user_with_rules
+from tests.integration.rbac import chart_rules, user_with_rules
 from tests.integration.test_adapter import (
     create_runtime,
     example_runtime,
@@ -35,13 +34,8 @@ from tests.integration.test_adapter import (
     until,
 )
 
-FILES = Path(__file__).resolve().parents[2] / "charts/dispatch-kubeflow/files"
 # The adapter's rules, as the chart grants them serving every namespace.
-CHART_RULES = [
-    rule
-    for name in ("rbac-adapter.yaml", "rbac-adapter-cluster.yaml", "rbac-adapter-lease.yaml")
-    for rule in yaml.safe_load((FILES / name).read_text())
-]
+CHART_RULES = chart_rules("adapter", "adapter-cluster", "adapter-lease")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from kubernetes_asyncio import client
 from dispatch_kubeflow.constants import GROUP, VERSION
 from tests.helm import binary
 from tests.images import deployment as podman_run
+from tests.integration.rbac import OPERATOR_CLUSTER_ROLE, chart_rules
 from tests.integration.test_operator import (
     ADAPTER,
     Scene,
@@ -125,14 +126,6 @@ def test_the_deployment_is_one_recreated_non_root_replica_with_a_liveness_probe(
     assert [a for a in args if "namespace" in a] == ["--namespace=a", "--namespace=b"]
 
 
-def rule_files(*names: str) -> list[dict[str, Any]]:
-    """The PolicyRules of the chart's ``files/rbac-<name>.yaml``, in order."""
-    rules: list[dict[str, Any]] = []
-    for name in names:
-        rules += yaml.safe_load((CHART / "files" / f"rbac-{name}.yaml").read_text())
-    return rules
-
-
 CLUSTER_SCOPED = ("operator-cluster", "adapter-cluster")
 NAMESPACED = ("operator", "adapter")
 
@@ -140,7 +133,7 @@ NAMESPACED = ("operator", "adapter")
 def test_the_cluster_role_is_the_rule_files_and_nothing_else(helm: Path) -> None:
     docs = render(helm)
     role = one(docs, "ClusterRole")
-    assert role["rules"] == rule_files(*CLUSTER_SCOPED, *NAMESPACED, "adapter-lease")
+    assert role["rules"] == chart_rules(*OPERATOR_CLUSTER_ROLE)
     assert not [doc for doc in docs if doc["kind"] in ("Role", "RoleBinding")]
     verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
     assert "*" not in verbs
@@ -152,7 +145,7 @@ def test_with_operator_namespaces_the_operators_rights_are_roles_in_those_namesp
 ) -> None:
     docs = render(helm, "--set-json", 'operator.namespaces=["team-a","team-b"]')
     role = one(docs, "ClusterRole")
-    assert role["rules"] == rule_files(*CLUSTER_SCOPED)
+    assert role["rules"] == chart_rules(*CLUSTER_SCOPED)
     assert {r for rule in role["rules"] for r in rule["resources"]} == {
         "customresourcedefinitions",
         "namespaces",
@@ -160,10 +153,10 @@ def test_with_operator_namespaces_the_operators_rights_are_roles_in_those_namesp
         "nodes",
     }
     roles = {doc["metadata"]["namespace"]: doc for doc in docs if doc["kind"] == "Role"}
-    assert roles["team-a"]["rules"] == rule_files(*NAMESPACED)
-    assert roles["team-b"]["rules"] == rule_files(*NAMESPACED)
+    assert roles["team-a"]["rules"] == chart_rules(*NAMESPACED)
+    assert roles["team-b"]["rules"] == chart_rules(*NAMESPACED)
     # The adapters read dispatch-admission's Lease, in the release namespace by default.
-    assert roles["dispatch-system"]["rules"] == rule_files("adapter-lease")
+    assert roles["dispatch-system"]["rules"] == chart_rules("adapter-lease")
     account = one(docs, "ServiceAccount")["metadata"]
     bindings = [doc for doc in docs if doc["kind"] == "RoleBinding"]
     assert {b["metadata"]["namespace"] for b in bindings} == set(roles)
@@ -319,7 +312,7 @@ def test_dispatch_admission_renders_with_its_check_its_lease_and_least_privilege
 ) -> None:
     docs = render(helm, *admission_values(), "--set", "admission.lease.name=gate-lease")
     (cluster_role,) = admission_objects(docs, "ClusterRole")
-    assert cluster_role["rules"] == rule_files("admission")
+    assert cluster_role["rules"] == chart_rules("admission")
     assert not any("leases" in rule["resources"] for rule in cluster_role["rules"])
     (lease_role,) = admission_objects(docs, "Role")
     assert lease_role["metadata"]["namespace"] == "dispatch-system"
