@@ -1,0 +1,93 @@
+"""Does the supervisor keep up with an unpaced writer? Paced and unpaced runs, in pairs.
+
+    python3 benchmarks/unpaced_against_paced.py                  # the operator, two pairs
+    python3 benchmarks/unpaced_against_paced.py --of library     # the library's supervisor
+    python3 benchmarks/unpaced_against_paced.py --pairs 1 --jobs 200
+
+Each pair runs ``operator_events.py --keep`` (or ``watch_events.py``) at ``--rate`` writes a
+second and unpaced, back to back, so both see the same hour; the second pair runs them the other
+way round. For each run it prints the p99 three ways: as measured, the floor's (a bare watch of
+the same writes: what the machine itself did with them) and the difference between the two (what
+the supervisor added). For each pair it prints the unpaced p99 over the paced p99 for each of the
+three. On a machine that also runs the control plane, the unpaced writer saturates the cores and
+the floor's p99 rises with it; the difference says whether the supervisor itself fell behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = {
+    "operator": (HERE / "operator_events.py", ["--keep"], "dispatchjob_status"),
+    "library": (HERE / "watch_events.py", [], "events"),
+}
+
+
+def run(of: str, jobs: int, rate: float) -> dict[str, Any]:
+    """One run of the chosen benchmark; its progress goes to stderr, its JSON is returned."""
+    script, extra, _ = BENCHMARKS[of]
+    command = [sys.executable, str(script), "--jobs", str(jobs), *extra]
+    if rate:
+        command += ["--rate", str(rate)]
+    print(f"running: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def summary(of: str, result: dict[str, Any]) -> dict[str, float]:
+    """A run's writer rate and p99s: measured, the floor's, and their difference."""
+    latency = result["latency_ms"]
+    transitions = result.get("transitions", 5 * result["jobs"])
+    return {
+        "writes_per_second": round(transitions / result["transition_seconds"], 1),
+        "p99_ms": latency[BENCHMARKS[of][2]]["p99"],
+        "floor_p99_ms": latency["floor_bare_watch"]["p99"],
+        "difference_p99_ms": latency["difference"]["p99"],
+    }
+
+
+def ratio(unpaced: float, paced: float) -> float | None:
+    return round(unpaced / paced, 2) if paced > 0 else None
+
+
+def pair(of: str, jobs: int, rate: float, paced_first: bool) -> dict[str, Any]:
+    """A paced and an unpaced run back to back, and the unpaced p99 over the paced."""
+    order = (rate, 0.0) if paced_first else (0.0, rate)
+    measured = {pace: summary(of, run(of, jobs, pace)) for pace in order}
+    paced, unpaced = measured[rate], measured[0.0]
+    return {
+        "order": "paced, unpaced" if paced_first else "unpaced, paced",
+        "paced": paced,
+        "unpaced": unpaced,
+        "unpaced_over_paced": {
+            "p99": ratio(unpaced["p99_ms"], paced["p99_ms"]),
+            "floor_p99": ratio(unpaced["floor_p99_ms"], paced["floor_p99_ms"]),
+            "difference_p99": ratio(unpaced["difference_p99_ms"], paced["difference_p99_ms"]),
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--of", choices=sorted(BENCHMARKS), default="operator")
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=50.0, help="the paced runs' writes/s")
+    args = parser.parse_args()
+    if args.pairs < 1 or args.rate <= 0:
+        parser.error("--pairs must be at least 1 and --rate above 0")
+    pairs = [pair(args.of, args.jobs, args.rate, paced_first=i % 2 == 0) for i in range(args.pairs)]
+    result = {"of": args.of, "jobs": args.jobs, "rate": args.rate, "pairs": pairs}
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
