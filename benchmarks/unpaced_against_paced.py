@@ -3,6 +3,7 @@
     python3 benchmarks/unpaced_against_paced.py                  # the operator, two pairs
     python3 benchmarks/unpaced_against_paced.py --of library     # the library's supervisor
     python3 benchmarks/unpaced_against_paced.py --pairs 1 --jobs 200
+    python3 benchmarks/unpaced_against_paced.py --runs /tmp/runs  # and keep each run's JSON
 
 Each pair runs ``operator_events.py --keep`` (or ``watch_events.py``) at ``--rate`` writes a
 second and unpaced, back to back, so both see the same hour; the second pair runs them the other
@@ -19,6 +20,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,19 @@ BENCHMARKS = {
 }
 
 
-def run(of: str, jobs: int, rate: float) -> dict[str, Any]:
-    """One run of the chosen benchmark; its progress goes to stderr, its JSON is returned."""
+def run(of: str, jobs: int, rate: float, runs: Path | None) -> dict[str, Any]:
+    """One run of the chosen benchmark; its progress goes to stderr, its JSON is returned (and
+    kept whole under ``runs``, if given)."""
     script, extra, _ = BENCHMARKS[of]
     command = [sys.executable, str(script), "--jobs", str(jobs), *extra]
     if rate:
         command += ["--rate", str(rate)]
     print(f"running: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    if runs is not None:
+        runs.mkdir(parents=True, exist_ok=True)
+        name = f"{of}-{'paced' if rate else 'unpaced'}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        (runs / name).write_text(done.stdout)
     result: dict[str, Any] = json.loads(done.stdout)
     return result
 
@@ -57,10 +64,10 @@ def ratio(unpaced: float, paced: float) -> float | None:
     return round(unpaced / paced, 2) if paced > 0 else None
 
 
-def pair(of: str, jobs: int, rate: float, paced_first: bool) -> dict[str, Any]:
+def pair(of: str, jobs: int, rate: float, paced_first: bool, runs: Path | None) -> dict[str, Any]:
     """A paced and an unpaced run back to back, and the unpaced p99 over the paced."""
     order = (rate, 0.0) if paced_first else (0.0, rate)
-    measured = {pace: summary(of, run(of, jobs, pace)) for pace in order}
+    measured = {pace: summary(of, run(of, jobs, pace, runs)) for pace in order}
     paced, unpaced = measured[rate], measured[0.0]
     return {
         "order": "paced, unpaced" if paced_first else "unpaced, paced",
@@ -80,10 +87,14 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=50.0, help="the paced runs' writes/s")
+    parser.add_argument("--runs", type=Path, help="keep each run's whole JSON in this folder")
     args = parser.parse_args()
     if args.pairs < 1 or args.rate <= 0:
         parser.error("--pairs must be at least 1 and --rate above 0")
-    pairs = [pair(args.of, args.jobs, args.rate, paced_first=i % 2 == 0) for i in range(args.pairs)]
+    pairs = [
+        pair(args.of, args.jobs, args.rate, paced_first=i % 2 == 0, runs=args.runs)
+        for i in range(args.pairs)
+    ]
     result = {"of": args.of, "jobs": args.jobs, "rate": args.rate, "pairs": pairs}
     print(json.dumps(result, indent=2))
     return 0

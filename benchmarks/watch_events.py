@@ -385,7 +385,7 @@ async def drive(
             *(step(job, type_, start + i / rate if rate else 0.0) for i, job in enumerate(names))
         )
         await events.wait([(job, type_) for job in names], limit=600)
-        progress(f"{type_}: all {jobs} events in")
+        progress(f"{type_}: all {jobs} events in {time.perf_counter() - start:.1f}s")
     driven = time.perf_counter() - began
     await api.close()
 
