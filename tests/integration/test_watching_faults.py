@@ -674,6 +674,68 @@ async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_e
         assert [(e.name, e.exit_code) for e in finished.evidence] == [("lag-0", 137)]
 
 
+@pytest.mark.parametrize(
+    ("trainjob_condition", "container", "expected"),
+    [
+        (
+            cond("Failed", reason="FailedJobs"),
+            terminated(137, "OOMKilled"),
+            (State.FAILED, Cause.OUT_OF_MEMORY, None),
+        ),
+        (
+            cond("Complete", reason="JobsCompleted"),
+            terminated(0, "Completed", '{"loss": 0.25}'),
+            (State.SUCCEEDED, None, {"loss": 0.25}),
+        ),
+    ],
+    ids=["out-of-memory", "published-result"],
+)
+async def test_a_finish_seen_after_the_pods_end_reads_no_pod(
+    kube_api: Any,
+    namespace: str,
+    world: World,
+    trainjob_condition: dict[str, Any],
+    container: dict[str, Any],
+    expected: tuple[State, Cause | None, dict[str, Any] | None],
+) -> None:
+    """The usual order: the pod watch shows the pod's end before the TrainJob's end arrives.
+    The Finished carries what the pod's end says, judged on the pod as watched: no read of the
+    pods, which only a pod the watch still shows running calls for."""
+    from dispatch_kubeflow.derivation import has_ended
+    from dispatch_kubeflow.supervisor import Supervisor
+    from tests.integration.test_watching import ADAPTER, make_settings
+
+    class CountingPodReads(Supervisor):
+        reads = 0
+
+        async def _with_pods_read(self, obs: Any) -> Any:
+            self.reads += 1
+            return await super()._with_pods_read(obs)
+
+    supervisor = CountingPodReads(kube_api, make_settings(namespace, kueue=False), ADAPTER)
+    watcher = Watcher(supervisor).start()
+
+    async def pod_end_seen() -> bool:
+        pods = supervisor._index.pods.get(("usual", 1), {})
+        return "usual-0" in pods and has_ended(pods["usual-0"])
+
+    try:
+        await world.trainjob("usual")
+        await watcher.wait_event("usual", EventType.SUBMITTED)
+        await world.pod("usual", "usual-0")
+        await world.pod_status("usual-0", phase="Running", containerStatuses=[running()])
+        await watcher.wait_event("usual", EventType.RUNNING)
+        phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
+        await world.pod_status("usual-0", phase=phase, containerStatuses=[container])
+        await eventually(pod_end_seen, "the pod watch showing the pod's end")
+        await world.trainjob_status("usual", conditions=[trainjob_condition])
+        finished = await watcher.wait_event("usual", EventType.FINISHED)
+    finally:
+        await watcher.stop()
+    assert (finished.state, finished.cause, finished.result) == expected
+    assert supervisor.reads == 0
+
+
 async def test_a_finish_whose_pod_read_fails_is_reported_once_a_read_succeeds(
     kube_api: Any, namespace: str, world: World
 ) -> None:
