@@ -61,13 +61,15 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.watch_events import (  # noqa: E402
     ADAPTER,
-    TRANSITIONS,
     Cluster,
     Events,
+    Written,
+    add_finish_order,
+    difference_p99_by_type,
     percentiles,
     progress,
     workload_name,
-    written_object,
+    write_phases,
 )
 from kubernetes_asyncio import client, config  # noqa: E402
 from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
@@ -612,8 +614,8 @@ class Run:
             "transition": [],
             "delete": [],
         }
-        # (job, transition): when its write began, and the (plural, name, resourceVersion) written.
-        self.written: dict[tuple[str, str], tuple[float, tuple[str, str, str]]] = {}
+        self.written: Written = {}
+        self.writes_without_event = 0
         self.rss_after_rounds: list[float] = []
         self.peak_rss_through_creation = 0.0
         self.transition_cpu = 0.0
@@ -694,30 +696,19 @@ class Run:
     async def transitions(
         self, cluster: Cluster, names: list[str], events: Events, operator: Operator
     ) -> None:
-        rate = self.args.rate
-        gate = asyncio.Semaphore(self.args.concurrency)
-        admitted_at = datetime.now(UTC).replace(microsecond=0)
-
-        async def step(job: str, type_: str, at: float) -> None:
-            if rate:
-                await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            async with gate:
-                began = time.time()
-                version = await cluster.transition(job, type_, admitted_at)
-            self.written[(job, type_)] = (began, written_object(job, type_, version))
-
         profiler = self.profiler(operator, "transitions") if not self.marks["transition"] else None
         cpu, began = operator.cpu_seconds(), time.time()
-        for type_ in TRANSITIONS:
-            start = time.perf_counter()
-            await asyncio.gather(
-                *(
-                    step(job, type_, start + i / rate if rate else 0.0)
-                    for i, job in enumerate(names)
-                )
-            )
-            await events.wait([(job, type_) for job in names], limit=PHASE_LIMIT)
-            progress(f"{type_}: all {len(names)} on the DispatchJobs")
+        self.writes_without_event += await write_phases(
+            cluster,
+            names,
+            events,
+            self.written,
+            rate=self.args.rate,
+            gate=asyncio.Semaphore(self.args.concurrency),
+            finish_order=self.args.finish_order,
+            shown="on the DispatchJobs",
+            limit=PHASE_LIMIT,
+        )
         self.marks["transition"].append((began, time.time()))
         self.transition_cpu += operator.cpu_seconds() - cpu
         if profiler is not None:
@@ -803,6 +794,7 @@ class Run:
             "dispatchjob_status": operator,
             "floor_bare_watch": bare,
             "difference": {k: round(operator[k] - bare[k], 1) for k in operator},
+            "difference_p99_by_type": difference_p99_by_type(self.written, events.arrived, seen),
             "dispatchjob_status_split": split if derived else None,
         }
 
@@ -899,6 +891,7 @@ def main() -> int:
         type=Path,
         help="record the operator's py-spy stacks and kube-apiserver's CPU profile here",
     )
+    add_finish_order(parser)
     parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
     parser.add_argument(
@@ -959,6 +952,8 @@ def main() -> int:
             "jobs": args.jobs,
             "rounds": args.rounds,
             "transitions": transitions,
+            "finish_order": args.finish_order,
+            "writes_without_event": run.writes_without_event,
             "rate_limit_per_second": args.rate or None,
             "job_events": args.job_events,
             "identities": args.identities,
@@ -982,6 +977,7 @@ def main() -> int:
                 1000 * run.transition_cpu / transitions, 2
             ),
             "duplicate_events": run.duplicates,
+            "unexpected_events": events.unexpected(DELETED),
         }
     print(json.dumps(result, indent=2))
     return 0

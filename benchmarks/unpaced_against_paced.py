@@ -4,6 +4,7 @@
     python3 benchmarks/unpaced_against_paced.py --of library     # the library's supervisor
     python3 benchmarks/unpaced_against_paced.py --pairs 1 --jobs 200
     python3 benchmarks/unpaced_against_paced.py --runs /tmp/runs  # and keep each run's JSON
+    python3 benchmarks/unpaced_against_paced.py --finish-order pods-first
 
 Each pair runs ``operator_events.py --keep`` (or ``watch_events.py``) at ``--rate`` writes a
 second and unpaced, back to back, so both see the same hour; the second pair runs them the other
@@ -25,17 +26,22 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.watch_events import add_finish_order  # noqa: E402
+
 BENCHMARKS = {
     "operator": (HERE / "operator_events.py", ["--keep"], "dispatchjob_status"),
     "library": (HERE / "watch_events.py", [], "events"),
 }
 
 
-def run(of: str, jobs: int, rate: float, runs: Path | None) -> dict[str, Any]:
+def run(of: str, jobs: int, rate: float, finish_order: str, runs: Path | None) -> dict[str, Any]:
     """One run of the chosen benchmark; its progress goes to stderr, its JSON is returned (and
     kept whole under ``runs``, if given)."""
     script, extra, _ = BENCHMARKS[of]
     command = [sys.executable, str(script), "--jobs", str(jobs), *extra]
+    command += ["--finish-order", finish_order]
     if rate:
         command += ["--rate", str(rate)]
     print(f"running: {' '.join(command[1:])}", file=sys.stderr, flush=True)
@@ -51,9 +57,9 @@ def run(of: str, jobs: int, rate: float, runs: Path | None) -> dict[str, Any]:
 def summary(of: str, result: dict[str, Any]) -> dict[str, float]:
     """A run's writer rate and p99s: measured, the floor's, and their difference."""
     latency = result["latency_ms"]
-    transitions = result.get("transitions", 5 * result["jobs"])
+    writes = result.get("transitions", 5 * result["jobs"]) + result.get("writes_without_event", 0)
     return {
-        "writes_per_second": round(transitions / result["transition_seconds"], 1),
+        "writes_per_second": round(writes / result["transition_seconds"], 1),
         "p99_ms": latency[BENCHMARKS[of][2]]["p99"],
         "floor_p99_ms": latency["floor_bare_watch"]["p99"],
         "difference_p99_ms": latency["difference"]["p99"],
@@ -64,10 +70,12 @@ def ratio(unpaced: float, paced: float) -> float | None:
     return round(unpaced / paced, 2) if paced > 0 else None
 
 
-def pair(of: str, jobs: int, rate: float, paced_first: bool, runs: Path | None) -> dict[str, Any]:
+def pair(
+    of: str, jobs: int, rate: float, finish_order: str, paced_first: bool, runs: Path | None
+) -> dict[str, Any]:
     """A paced and an unpaced run back to back, and the unpaced p99 over the paced."""
     order = (rate, 0.0) if paced_first else (0.0, rate)
-    measured = {pace: summary(of, run(of, jobs, pace, runs)) for pace in order}
+    measured = {pace: summary(of, run(of, jobs, pace, finish_order, runs)) for pace in order}
     paced, unpaced = measured[rate], measured[0.0]
     return {
         "order": "paced, unpaced" if paced_first else "unpaced, paced",
@@ -87,15 +95,29 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=50.0, help="the paced runs' writes/s")
+    add_finish_order(parser)
     parser.add_argument("--runs", type=Path, help="keep each run's whole JSON in this folder")
     args = parser.parse_args()
     if args.pairs < 1 or args.rate <= 0:
         parser.error("--pairs must be at least 1 and --rate above 0")
     pairs = [
-        pair(args.of, args.jobs, args.rate, paced_first=i % 2 == 0, runs=args.runs)
+        pair(
+            args.of,
+            args.jobs,
+            args.rate,
+            args.finish_order,
+            paced_first=i % 2 == 0,
+            runs=args.runs,
+        )
         for i in range(args.pairs)
     ]
-    result = {"of": args.of, "jobs": args.jobs, "rate": args.rate, "pairs": pairs}
+    result = {
+        "of": args.of,
+        "jobs": args.jobs,
+        "rate": args.rate,
+        "finish_order": args.finish_order,
+        "pairs": pairs,
+    }
     print(json.dumps(result, indent=2))
     return 0
 

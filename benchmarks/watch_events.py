@@ -3,6 +3,7 @@
     python3 benchmarks/watch_events.py                      # 2,000 jobs, 10,000 transitions
     python3 benchmarks/watch_events.py --jobs 200           # smaller run
     python3 benchmarks/watch_events.py --rate 100           # paced: 100 status writes a second
+    python3 benchmarks/watch_events.py --finish-order pods-first  # each pod ends before its job
     python3 benchmarks/watch_events.py --kubeconfig ~/.kube/config --namespace bench
 
 By default it starts the test control plane (etcd + kube-apiserver with the upstream CRDs, no
@@ -12,7 +13,10 @@ and one pod. The supervisor runs in a child process (so its peak memory is its o
 this process then plays the controllers and writes five status transitions per job, each of which
 gives exactly one event: Workload admitted and TrainJob unsuspended (Admitted), pod running
 (Running), JobSet restarted (Restarted), Workload preempted (Evicted), TrainJob complete
-(Finished).
+(Finished). Each TrainJob completes with its pod still shown running, so each Finished first reads
+that pod: the worst order. With ``--finish-order pods-first`` each pod is written ended a phase
+before its TrainJob completes, the order the kubelet and the controllers write them in, and the
+Finished needs no read.
 
 Unpaced, the writes outrun what the supervisor can report and the latency measures the backlog;
 ``--rate`` paces them to show the latency at a sustained rate.
@@ -52,6 +56,14 @@ from dispatch_kubeflow.settings import AdmissionLease, Kueue, RuntimeRef, Settin
 MERGE = "application/merge-patch+json"
 ADAPTER = "bench"
 TRANSITIONS = ("Admitted", "Running", "Restarted", "Evicted", "Finished")
+# With ``--finish-order pods-first``, each job's pod is written ended (Succeeded) a phase before
+# its TrainJob's Complete: the order in which the kubelet, then the Job, JobSet and Trainer
+# controllers write them. That write makes no event. By default (trainjob-first) every TrainJob
+# completes with its pod still shown running, so each Finished reads its pod: the worst order.
+FINISH_ORDERS = ("trainjob-first", "pods-first")
+POD_ENDED = "PodEnded"
+# Between the last pod's end and the first TrainJob's end (pods-first), as the controllers take.
+POD_END_LEAD = 1.0
 # The kind whose write makes each transition's event, for the bare watch (the floor).
 WRITTEN_KIND = dict(
     zip(TRANSITIONS, ("workloads", "pods", "jobsets", "workloads", "trainjobs"), strict=True)
@@ -293,6 +305,28 @@ class Cluster:
                 {"status": {"phase": "Running", "containerStatuses": [container]}},
             )
             return str(pod.metadata.resource_version)
+        if step == POD_ENDED:
+            container = {
+                "name": "node",
+                "image": "x:1",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": admitted_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "finishedAt": now(),
+                    }
+                },
+            }
+            pod = await self.core.patch_namespaced_pod_status(
+                f"{job}-1-node-0-0",
+                self.ns,
+                {"status": {"phase": "Succeeded", "containerStatuses": [container]}},
+            )
+            return str(pod.metadata.resource_version)
         if step == "Restarted":
             where = self.where(constants.JOBSET_GROUP, constants.JOBSET_VERSION, "jobsets")
             return await self._status(where, f"{job}-1", {"restarts": 1})
@@ -348,9 +382,21 @@ class Events:
     def join(self) -> None:
         self._thread.join(timeout=60)
 
+    def unexpected(self, *also: str) -> int:
+        """Events of a type the writes do not make (each job makes Submitted and the five), but
+        for the types ``also`` names."""
+        expected = {"Submitted", *TRANSITIONS, *also}
+        return sum(1 for _, type_ in self.arrived if type_ not in expected)
+
 
 async def drive(
-    kubeconfig: Path, namespace: str, jobs: int, concurrency: int, rate: float, events: Events
+    kubeconfig: Path,
+    namespace: str,
+    jobs: int,
+    concurrency: int,
+    rate: float,
+    finish_order: str,
+    events: Events,
 ) -> dict[str, Any]:
     api = await config.new_client_from_config(config_file=str(kubeconfig))
     cluster = Cluster(api, namespace)
@@ -367,31 +413,19 @@ async def drive(
     progress(f"created {jobs} jobs in {created:.1f}s")
     await events.wait([(job, "Submitted") for job in names], limit=600)
 
-    admitted_at = datetime.now(UTC).replace(microsecond=0)
-    written: dict[tuple[str, str], tuple[float, tuple[str, str, str]]] = {}
-
-    async def step(job: str, type_: str, at: float) -> None:
-        if rate:
-            await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        async with gate:
-            began = time.time()
-            version = await cluster.transition(job, type_, admitted_at)
-        written[(job, type_)] = (began, written_object(job, type_, version))
-
+    written: Written = {}
     began = time.perf_counter()
-    for type_ in TRANSITIONS:
-        start = time.perf_counter()
-        await asyncio.gather(
-            *(step(job, type_, start + i / rate if rate else 0.0) for i, job in enumerate(names))
-        )
-        await events.wait([(job, type_) for job in names], limit=600)
-        progress(f"{type_}: all {jobs} events in {time.perf_counter() - start:.1f}s")
+    other_writes = await write_phases(
+        cluster, names, events, written, rate=rate, gate=gate, finish_order=finish_order
+    )
     driven = time.perf_counter() - began
     await api.close()
 
     return {
         "jobs": jobs,
         "transitions": len(written),
+        "finish_order": finish_order,
+        "writes_without_event": other_writes,
         "rate_limit_per_second": rate or None,
         "create_seconds": round(created, 1),
         "transition_seconds": round(driven, 1),
@@ -399,7 +433,58 @@ async def drive(
     }
 
 
+# (job, transition): when its write began, and the (plural, name, resourceVersion) written.
 Written = dict[tuple[str, str], tuple[float, tuple[str, str, str]]]
+
+
+async def write_phases(
+    cluster: Cluster,
+    names: list[str],
+    events: Events,
+    written: Written,
+    *,
+    rate: float,
+    gate: asyncio.Semaphore,
+    finish_order: str,
+    shown: str = "events",
+    limit: float = 600,
+) -> int:
+    """Every job's writes, one phase after another (``phases``), ``rate`` a second (0: as fast
+    as they go): a transition's phase ends once all its events are in. Each transition's write
+    goes into ``written``; returns how many writes made no event (the pods' ends)."""
+    admitted_at = datetime.now(UTC).replace(microsecond=0)
+    other_writes = 0
+
+    async def step(job: str, type_: str, at: float) -> None:
+        if rate:
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        async with gate:
+            began = time.time()
+            version = await cluster.transition(job, type_, admitted_at)
+        if type_ in TRANSITIONS:
+            written[(job, type_)] = (began, written_object(job, type_, version))
+
+    for type_ in phases(finish_order):
+        start = time.perf_counter()
+        await asyncio.gather(
+            *(step(job, type_, start + i / rate if rate else 0.0) for i, job in enumerate(names))
+        )
+        if type_ not in TRANSITIONS:
+            other_writes += len(names)
+            await asyncio.sleep(POD_END_LEAD)
+            progress(f"{type_}: all {len(names)} written in {time.perf_counter() - start:.1f}s")
+            continue
+        await events.wait([(job, type_) for job in names], limit=limit)
+        progress(f"{type_}: all {len(names)} {shown} in {time.perf_counter() - start:.1f}s")
+    return other_writes
+
+
+def phases(finish_order: str) -> tuple[str, ...]:
+    """Each job's writes, phase by phase: the five transitions, and with ``pods-first`` the
+    pod's end just before the TrainJob's."""
+    if finish_order == "pods-first":
+        return (*TRANSITIONS[:-1], POD_ENDED, TRANSITIONS[-1])
+    return TRANSITIONS
 
 
 def latencies(
@@ -409,17 +494,24 @@ def latencies(
     and each event type's p99 over the floor's: a Finished that reads its pods makes a second
     trip through the apiserver the other types do not."""
     events, floor_ = beside_the_floor(written, arrived, seen)
+    return {
+        "events": events,
+        "floor_bare_watch": floor_,
+        "difference": {k: round(events[k] - floor_[k], 1) for k in events},
+        "difference_p99_by_type": difference_p99_by_type(written, arrived, seen),
+    }
+
+
+def difference_p99_by_type(
+    written: Written, arrived: dict[tuple[str, str], float], seen: dict[tuple[str, str, str], float]
+) -> dict[str, float]:
+    """Each transition type's p99 over the floor's p99 for the same writes."""
     by_type = {}
     for type_ in TRANSITIONS:
         ours = {key: value for key, value in written.items() if key[1] == type_}
         typed, typed_floor = beside_the_floor(ours, arrived, seen)
         by_type[type_] = round(typed["p99"] - typed_floor["p99"], 1)
-    return {
-        "events": events,
-        "floor_bare_watch": floor_,
-        "difference": {k: round(events[k] - floor_[k], 1) for k in events},
-        "difference_p99_by_type": by_type,
-    }
+    return by_type
 
 
 def beside_the_floor(
@@ -458,6 +550,18 @@ async def cleanup(kubeconfig: Path, namespace: str) -> None:
         await api.close()
 
 
+def add_finish_order(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--finish-order",
+        choices=FINISH_ORDERS,
+        default=FINISH_ORDERS[0],
+        help="trainjob-first: every TrainJob completes with its pod still shown running, so "
+        "each Finished reads its pod (the worst order); pods-first: each pod is written ended "
+        f"a phase before its TrainJob's end ({POD_END_LEAD:g} s after the last pod's), as the "
+        "kubelet and the controllers write them",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
@@ -468,6 +572,7 @@ def main() -> int:
         default=0.0,
         help="transitions written per second (0: as fast as possible)",
     )
+    add_finish_order(parser)
     parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (default: start one)")
     parser.add_argument("--namespace", default=f"bench-{secrets.token_hex(3)}")
     args = parser.parse_args()
@@ -492,7 +597,15 @@ def main() -> int:
         events = Events(queue)
         try:
             result = asyncio.run(
-                drive(kubeconfig, args.namespace, args.jobs, args.concurrency, args.rate, events)
+                drive(
+                    kubeconfig,
+                    args.namespace,
+                    args.jobs,
+                    args.concurrency,
+                    args.rate,
+                    args.finish_order,
+                    events,
+                )
             )
         finally:
             stop.set()
@@ -509,6 +622,7 @@ def main() -> int:
     result["supervisor_lists_and_watches"] = requests["lists_and_watches"]
     result["supervisor_peak_rss_mib"] = round(peak_kib / 1024, 1)
     result["duplicate_events"] = events.duplicates
+    result["unexpected_events"] = events.unexpected()
     print(json.dumps(result, indent=2))
     return 0
 
