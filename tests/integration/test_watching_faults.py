@@ -623,8 +623,9 @@ async def finish_behind_the_pod_watch(
     return finished
 
 
-@pytest.mark.parametrize("pod_seen", [True, False], ids=["pod-seen-running", "pod-never-seen"])
-@pytest.mark.parametrize(
+# A pod's end and its TrainJob's, and what the job's Finished must carry: the cause and
+# evidence of an out-of-memory kill, or the result the pod published.
+EACH_POD_END = pytest.mark.parametrize(
     ("trainjob_condition", "container", "expected"),
     [
         (
@@ -640,6 +641,10 @@ async def finish_behind_the_pod_watch(
     ],
     ids=["out-of-memory", "published-result"],
 )
+
+
+@pytest.mark.parametrize("pod_seen", [True, False], ids=["pod-seen-running", "pod-never-seen"])
+@EACH_POD_END
 async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_ended(
     kube_api: Any,
     namespace: str,
@@ -674,22 +679,7 @@ async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_e
         assert [(e.name, e.exit_code) for e in finished.evidence] == [("lag-0", 137)]
 
 
-@pytest.mark.parametrize(
-    ("trainjob_condition", "container", "expected"),
-    [
-        (
-            cond("Failed", reason="FailedJobs"),
-            terminated(137, "OOMKilled"),
-            (State.FAILED, Cause.OUT_OF_MEMORY, None),
-        ),
-        (
-            cond("Complete", reason="JobsCompleted"),
-            terminated(0, "Completed", '{"loss": 0.25}'),
-            (State.SUCCEEDED, None, {"loss": 0.25}),
-        ),
-    ],
-    ids=["out-of-memory", "published-result"],
-)
+@EACH_POD_END
 async def test_a_finish_seen_after_the_pods_end_reads_no_pod(
     kube_api: Any,
     namespace: str,
