@@ -10,7 +10,8 @@ A cancellation can also arrive as another exception. ``asyncio.gather`` hands it
 first error of its children; when the caller is cancelled just as one child fails (a request
 refused because the client closed, as it does when the operator stops), the caller gets that
 error, and its cancellation is gone. ``gathered`` raises the cancellation instead, and a loop that
-retries on errors calls ``stop_if_cancelled`` before it tries again.
+retries on errors calls ``stop_if_cancelled`` before it tries again. ``asyncio.gather`` also
+leaves the other children running once one has failed; ``gathered`` ends them first.
 """
 
 from __future__ import annotations
@@ -46,9 +47,18 @@ def stop_if_cancelled() -> None:
 
 
 async def gathered(*awaitables: Awaitable[T]) -> list[T]:
-    """``asyncio.gather``, but the caller's cancellation is never lost to a child's error."""
+    """``asyncio.gather``, but no child outlives the call, and the caller's cancellation is never
+    lost to a child's error.
+
+    ``asyncio.gather`` hands on the first child's error at once and leaves the others running,
+    awaited by nobody: their requests go on after the caller has given up, and kopf, stopping,
+    gathers every task still in the loop and raises their errors as the operator's own. So when
+    a child fails, the others are cancelled and waited for before the error is handed on.
+    """
+    children = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
     try:
-        return await asyncio.gather(*awaitables)
+        return await asyncio.gather(*children)
     except Exception:
+        await cancel_and_wait(*children)
         stop_if_cancelled()
         raise

@@ -111,6 +111,40 @@ async def test_gathered_hands_on_a_childs_error_when_nobody_cancelled() -> None:
     assert await gathered(asyncio.sleep(0, "a"), asyncio.sleep(0, "b")) == ["a", "b"]
 
 
+async def a_child_fails_then_another(gather: Any) -> list[asyncio.Task[Any]]:
+    """The children ``gather`` ran for a call in which one child failed at once and another
+    was still waiting for its answer, as the first raised."""
+    answered = asyncio.Event()
+
+    async def fails() -> None:
+        raise Closed("Connector is closed.")
+
+    async def fails_once_answered() -> None:
+        await answered.wait()
+        raise Closed("Connector is closed.")
+
+    before = asyncio.all_tasks()
+    with pytest.raises(Closed):
+        await gather(fails(), fails_once_answered())
+    children = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()]
+    answered.set()
+    await asyncio.sleep(0)
+    return children
+
+
+async def test_asyncio_gather_leaves_the_other_children_running_after_an_error() -> None:
+    """Why ``gathered`` ends them: the child left behind fails later, awaited by nobody, and
+    kopf, stopping, raises such a leftover task's error as the operator's own."""
+    children = await a_child_fails_then_another(asyncio.gather)
+    assert len(children) == 1
+    assert isinstance(children[0].exception(), Closed)
+
+
+async def test_gathered_ends_every_child_before_it_hands_on_an_error() -> None:
+    children = await a_child_fails_then_another(gathered)
+    assert children == []
+
+
 async def test_stop_if_cancelled_raises_only_in_a_task_asked_to_stop() -> None:
     stop_if_cancelled()  # not asked: nothing happens
     checked: list[str] = []
