@@ -276,6 +276,23 @@ class Cluster:
         written = await patch(name=name, body={"status": status}, _content_type=MERGE, **where)
         return str(written["metadata"]["resourceVersion"])
 
+    async def _pod_status(self, job: str, phase: str, *, ready: bool, state: dict[str, Any]) -> str:
+        """The kubelet's write of the job's pod in ``phase``, its container in ``state``."""
+        container = {
+            "name": "node",
+            "image": "x:1",
+            "imageID": "",
+            "ready": ready,
+            "restartCount": 0,
+            "state": state,
+        }
+        pod = await self.core.patch_namespaced_pod_status(
+            f"{job}-1-node-0-0",
+            self.ns,
+            {"status": {"phase": phase, "containerStatuses": [container]}},
+        )
+        return str(pod.metadata.resource_version)
+
     async def transition(self, job: str, step: str, admitted_at: datetime) -> str:
         """Write one transition; returns the resourceVersion of the write that makes its event."""
         wl_where = self.where(constants.KUEUE_GROUP, constants.KUEUE_VERSION, "workloads")
@@ -292,42 +309,19 @@ class Cluster:
             )
             return written
         if step == "Running":
-            container = {
-                "name": "node",
-                "image": "x:1",
-                "imageID": "",
-                "ready": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": now()}},
-            }
-            pod = await self.core.patch_namespaced_pod_status(
-                f"{job}-1-node-0-0",
-                self.ns,
-                {"status": {"phase": "Running", "containerStatuses": [container]}},
+            return await self._pod_status(
+                job, "Running", ready=True, state={"running": {"startedAt": now()}}
             )
-            return str(pod.metadata.resource_version)
         if step == POD_ENDED:
-            container = {
-                "name": "node",
-                "image": "x:1",
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {
-                    "terminated": {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                        "startedAt": admitted_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                        "finishedAt": now(),
-                    }
-                },
+            terminated = {
+                "exitCode": 0,
+                "reason": "Completed",
+                "startedAt": admitted_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "finishedAt": now(),
             }
-            pod = await self.core.patch_namespaced_pod_status(
-                f"{job}-1-node-0-0",
-                self.ns,
-                {"status": {"phase": "Succeeded", "containerStatuses": [container]}},
+            return await self._pod_status(
+                job, "Succeeded", ready=False, state={"terminated": terminated}
             )
-            return str(pod.metadata.resource_version)
         if step == "Restarted":
             where = self.where(constants.JOBSET_GROUP, constants.JOBSET_VERSION, "jobsets")
             return await self._status(where, f"{job}-1", {"restarts": 1})

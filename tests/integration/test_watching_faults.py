@@ -7,6 +7,7 @@ and ``Watcher``), and checks what the supervisor reports.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -615,27 +616,48 @@ async def finish_behind_the_pod_watch(
     if pod_seen:
         await watcher.wait_event(job, EventType.RUNNING)
     queue.lagging = True
-    phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
-    await world.pod_status(f"{job}-0", phase=phase, containerStatuses=[container])
+    await world.pod_status(f"{job}-0", phase=ended_phase(container), containerStatuses=[container])
     await world.trainjob_status(job, conditions=[trainjob_condition])
     finished = await watcher.wait_event(job, EventType.FINISHED)
     await queue.catch_up()
     return finished
 
 
-# A pod's end and its TrainJob's, and what the job's Finished must carry: the cause and
-# evidence of an out-of-memory kill, or the result the pod published.
+async def job_running(world: World, watcher: Watcher, job: str) -> None:
+    """``job`` submitted, its one pod ``{job}-0`` running, and both events reported."""
+    await world.trainjob(job)
+    await watcher.wait_event(job, EventType.SUBMITTED)
+    await world.pod(job, f"{job}-0")
+    await world.pod_status(f"{job}-0", phase="Running", containerStatuses=[running()])
+    await watcher.wait_event(job, EventType.RUNNING)
+
+
+def ended_phase(container: dict[str, Any]) -> str:
+    """The phase of a one-container pod whose container ended as ``container`` says."""
+    return "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
+
+
+@dataclass(frozen=True)
+class PodEnd:
+    """A pod's end, then its TrainJob's, and what the job's Finished must carry."""
+
+    container: dict[str, Any]
+    trainjob_condition: dict[str, Any]
+    expected: tuple[State, Cause | None, dict[str, Any] | None]
+
+
+# The cause and evidence of an out-of-memory kill, or the result the pod published.
 EACH_POD_END = pytest.mark.parametrize(
-    ("trainjob_condition", "container", "expected"),
+    "end",
     [
-        (
-            cond("Failed", reason="FailedJobs"),
+        PodEnd(
             terminated(137, "OOMKilled"),
+            cond("Failed", reason="FailedJobs"),
             (State.FAILED, Cause.OUT_OF_MEMORY, None),
         ),
-        (
-            cond("Complete", reason="JobsCompleted"),
+        PodEnd(
             terminated(0, "Completed", '{"loss": 0.25}'),
+            cond("Complete", reason="JobsCompleted"),
             (State.SUCCEEDED, None, {"loss": 0.25}),
         ),
     ],
@@ -646,13 +668,7 @@ EACH_POD_END = pytest.mark.parametrize(
 @pytest.mark.parametrize("pod_seen", [True, False], ids=["pod-seen-running", "pod-never-seen"])
 @EACH_POD_END
 async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_ended(
-    kube_api: Any,
-    namespace: str,
-    world: World,
-    trainjob_condition: dict[str, Any],
-    container: dict[str, Any],
-    expected: tuple[State, Cause | None, dict[str, Any] | None],
-    pod_seen: bool,
+    kube_api: Any, namespace: str, world: World, end: PodEnd, pod_seen: bool
 ) -> None:
     """The TrainJob's Failed or Complete arrives while the pod watch still shows the pod
     running, or has not shown it at all (the watches are separate streams; one can lag or
@@ -668,25 +684,20 @@ async def test_a_finish_seen_before_the_pods_end_is_judged_on_the_pods_as_they_e
             watcher,
             queue,
             "lag",
-            container=container,
-            trainjob_condition=trainjob_condition,
+            container=end.container,
+            trainjob_condition=end.trainjob_condition,
             pod_seen=pod_seen,
         )
     finally:
         await watcher.stop()
-    assert (finished.state, finished.cause, finished.result) == expected
+    assert (finished.state, finished.cause, finished.result) == end.expected
     if finished.cause is Cause.OUT_OF_MEMORY:
         assert [(e.name, e.exit_code) for e in finished.evidence] == [("lag-0", 137)]
 
 
 @EACH_POD_END
 async def test_a_finish_seen_after_the_pods_end_reads_no_pod(
-    kube_api: Any,
-    namespace: str,
-    world: World,
-    trainjob_condition: dict[str, Any],
-    container: dict[str, Any],
-    expected: tuple[State, Cause | None, dict[str, Any] | None],
+    kube_api: Any, namespace: str, world: World, end: PodEnd
 ) -> None:
     """The usual order: the pod watch shows the pod's end before the TrainJob's end arrives.
     The Finished carries what the pod's end says, judged on the pod as watched: no read of the
@@ -710,19 +721,16 @@ async def test_a_finish_seen_after_the_pods_end_reads_no_pod(
         return "usual-0" in pods and has_ended(pods["usual-0"])
 
     try:
-        await world.trainjob("usual")
-        await watcher.wait_event("usual", EventType.SUBMITTED)
-        await world.pod("usual", "usual-0")
-        await world.pod_status("usual-0", phase="Running", containerStatuses=[running()])
-        await watcher.wait_event("usual", EventType.RUNNING)
-        phase = "Failed" if container["state"]["terminated"]["exitCode"] else "Succeeded"
-        await world.pod_status("usual-0", phase=phase, containerStatuses=[container])
+        await job_running(world, watcher, "usual")
+        await world.pod_status(
+            "usual-0", phase=ended_phase(end.container), containerStatuses=[end.container]
+        )
         await eventually(pod_end_seen, "the pod watch showing the pod's end")
-        await world.trainjob_status("usual", conditions=[trainjob_condition])
+        await world.trainjob_status("usual", conditions=[end.trainjob_condition])
         finished = await watcher.wait_event("usual", EventType.FINISHED)
     finally:
         await watcher.stop()
-    assert (finished.state, finished.cause, finished.result) == expected
+    assert (finished.state, finished.cause, finished.result) == end.expected
     assert supervisor.reads == 0
 
 
@@ -788,11 +796,7 @@ async def test_a_hanging_pod_read_holds_up_no_other_jobs_commit(
     supervisor = HangingPodReads(kube_api, make_settings(namespace, kueue=False), ADAPTER)
     queue, watcher = lagging(supervisor)
     try:
-        await world.trainjob("slow")
-        await watcher.wait_event("slow", EventType.SUBMITTED)
-        await world.pod("slow", "slow-0")
-        await world.pod_status("slow-0", phase="Running", containerStatuses=[running()])
-        await watcher.wait_event("slow", EventType.RUNNING)
+        await job_running(world, watcher, "slow")
         queue.lagging = True
         oom = terminated(137, "OOMKilled")
         await world.pod_status("slow-0", phase="Failed", containerStatuses=[oom])
